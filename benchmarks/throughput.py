@@ -1,0 +1,162 @@
+"""Directions per second of one zeroth-order step, against a MeZO-style reference loop.
+
+Weight perturbation (one-sided RGE, PMT Eq. 4) and layer-wise node perturbation (PMT Eq. 9–10)
+in bpfree's lean and batched modes, on the 784–1024–10 MLP and a small CNN, batch 64, one
+CPU thread. The reference loop is MeZO's (Malladi et al. 2023): per direction, perturb with
+``torch.randn`` regenerated from its seed, forward, negate, forward, restore, update: four
+regenerations and two forwards. Each step includes the parameter update.
+
+"Directions" are perturbation directions evaluated (Q per step for weight perturbation,
+Q per layer for layer-wise node perturbation). Useful GFLOP/s counts 2·MACs of the forward
+passes each method needs at batch 64, divided by the step's wall time, next to the machine's
+measured fp32 GEMM rate.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from bpfree.estimators import node_perturbation, rge
+from bpfree.objective import Objective
+from bpfree.optim import ZOOptimizer
+from bpfree.perturb import get_distribution
+
+NAME = "throughput"
+DESCRIPTION = __doc__.split("\n\n")[0]
+SEED = 0
+BATCH = 64
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+def cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+
+
+def forward_macs(model: nn.Module, x: torch.Tensor) -> int:
+    """MACs of one forward pass (Linear and Conv2d layers), counted with hooks."""
+    total = 0
+
+    def hook(mod, inp, out):
+        nonlocal total
+        if isinstance(mod, nn.Linear):
+            total += out.numel() * mod.in_features
+        elif isinstance(mod, nn.Conv2d):
+            total += out.numel() * (mod.in_channels // mod.groups) * mod.kernel_size[0] * mod.kernel_size[1]
+
+    hooks = [m.register_forward_hook(hook) for m in model.modules()]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return total
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up (numba compilation, allocator)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def mezo_step(model: nn.Module, obj: Objective, q_count: int, mu: float, lr: float, step: int) -> None:
+    """MeZO-style reference: perturb, forward, negate, forward, restore, update (torch.randn)."""
+    params = list(model.parameters())
+    gen = torch.Generator()
+
+    def add(seed, alpha):
+        gen.manual_seed(seed)
+        for p in params:
+            p.data.add_(torch.randn(p.shape, generator=gen), alpha=alpha)
+
+    with torch.no_grad():
+        for q in range(q_count):
+            seed = step * 100_003 + q
+            add(seed, mu)
+            lp = float(obj())
+            add(seed, -2 * mu)
+            lm = float(obj())
+            add(seed, mu)
+            add(seed, -lr * (lp - lm) / (2 * mu) / q_count)
+
+
+def run(quick: bool) -> tuple[list[dict], dict]:
+    torch.set_num_threads(1)
+    repeats = 3 if quick else 7
+    gen = torch.Generator().manual_seed(SEED)
+    rows = []
+
+    def row(table, method, setting, metric, value):
+        rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
+                     "value": float(value), "paper": None})
+
+    # Machine reference: fp32 GEMM rate on one thread.
+    a, b = torch.randn(1024, 1024, generator=gen), torch.randn(1024, 1024, generator=gen)
+    gemm = median_seconds(lambda: a @ b, repeats)
+    gemm_gflops = 2 * 1024 ** 3 / gemm / 1e9
+    row("machine", "fp32 GEMM 1024x1024x1024", "1 thread", "GFLOP/s", gemm_gflops)
+
+    cases = [("MLP 784-1024-10", mlp, (BATCH, 784), (16, 64))]
+    cases.append(("CNN 2conv+fc", cnn, (BATCH, 1, 28, 28), (16,) if quick else (16, 64)))
+    fast = get_distribution("rademacher")
+    for label, build, shape, qs in cases:
+        torch.manual_seed(SEED)
+        model = build()
+        x = torch.randn(*shape, generator=gen)
+        y = torch.randint(0, 10, (BATCH,), generator=gen)
+        obj = Objective(model, x, y)
+        flops_fwd = 2 * forward_macs(model, x)
+        d = sum(p.numel() for p in model.parameters())
+        n_layers = sum(isinstance(m, (nn.Linear, nn.Conv2d)) for m in model.modules())
+
+        t_fwd = median_seconds(lambda: obj(), repeats)
+        buf = torch.empty(d)
+        t_dir = median_seconds(lambda: fast.sample(123, (d,)), repeats)
+        t_randn = median_seconds(lambda: torch.randn(d, generator=gen), repeats)
+        setting = f"{label}, d={d:,}, batch {BATCH}"
+        row("one direction vs one forward", "forward pass", setting, "ms", t_fwd * 1e3)
+        row("one direction vs one forward", "direction, bpfree fast Rademacher", setting, "ms", t_dir * 1e3)
+        row("one direction vs one forward", "direction, torch.randn", setting, "ms", t_randn * 1e3)
+        del buf
+
+        for q_count in qs:
+            s = f"{label}, Q={q_count}, batch {BATCH}"
+            counter = {"t": 0}
+
+            def mezo():
+                counter["t"] += 1
+                mezo_step(model, obj, q_count, 1e-3, 1e-6, counter["t"])
+
+            t_mezo = median_seconds(mezo, repeats)
+            dirs_mezo = q_count / t_mezo
+            row("ZO step throughput", "MeZO-style reference loop", s, "directions/s", dirs_mezo)
+            row("ZO step throughput", "MeZO-style reference loop", s, "useful GFLOP/s",
+                2 * q_count * flops_fwd / t_mezo / 1e9)
+            methods = [
+                ("weight perturbation, lean", rge(q_count, 1e-3), "lean", q_count, q_count + 1),
+                ("weight perturbation, batched", rge(q_count, 1e-3), "batched", q_count, q_count + 1),
+                ("node perturbation, lean", node_perturbation(q_count, 1e-3), "lean",
+                 q_count * n_layers, n_layers * (q_count + 1)),
+                ("node perturbation, batched", node_perturbation(q_count, 1e-3), "batched",
+                 q_count * n_layers, n_layers * (q_count + 1)),
+            ]
+            for name, est, mode, ndirs, nfwd in methods:
+                opt = ZOOptimizer(model.parameters(), lr=1e-6, estimator=est, mode=mode, seed=SEED)
+                t = median_seconds(lambda: opt.step(obj), repeats)
+                row("ZO step throughput", name, s, "directions/s", ndirs / t)
+                row("ZO step throughput", name, s, "speedup vs MeZO-style loop", ndirs / t / dirs_mezo)
+                row("ZO step throughput", name, s, "useful GFLOP/s", nfwd * flops_fwd / t / 1e9)
+    extra = {"threads": 1, "repeats": repeats, "statistic": "median seconds per step",
+             "gemm_gflops": gemm_gflops}
+    return rows, extra

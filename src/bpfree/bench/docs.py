@@ -1,0 +1,327 @@
+"""Generate docs/BENCHMARKS.md from the result files in results/*.json.
+
+Every number on that page comes from a result file written by :func:`run_benchmark`, never
+from a hand-typed table. Output is deterministic: the same result files give the same bytes.
+Sections are sorted by benchmark name; within a table, methods, settings and metrics keep
+the order the benchmark emitted them in, because that order mirrors the paper's table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bpfree.bench.runner import BenchmarkError, validate_result, write_text_atomic
+
+DEFAULT_RESULTS_DIR = "results"
+DEFAULT_OUT = "docs/BENCHMARKS.md"
+
+# Rates are shown in scientific notation once large (1.23e9 values/s reads better than
+# 1,234,567,890); plain large counts (parameters, bytes) keep thousands separators.
+_RATE_RE = re.compile(r"(/s\b|per[ _-]?s(ec(ond)?)?\b|throughput|flops|hz\b)", re.IGNORECASE)
+_MISSING = "—"
+
+HEADER = """\
+# Benchmarks
+
+<!-- GENERATED FILE: do not edit by hand. Regenerate with `bpfree docs`. -->
+
+> **This file is generated** by `bpfree docs` from the result files `results/*.json`;
+> do not edit it by hand — every number here comes from a benchmark run.
+> To update it, run `bpfree bench NAME` (see `bpfree bench --list`), then `bpfree docs`.
+> The JSON contract and how to add a benchmark are described in `benchmarks/README.md`.
+
+Each table gives our measured value for every cell of the paper's table; where the paper
+reports a number for a cell, it is shown in the `(paper)` column beside ours.
+Timings are medians of repeats. Quick runs (`--quick`) use reduced settings and are
+marked as such; their numbers are not expected to match the paper's.
+"""
+
+
+@dataclass
+class DocsReport:
+    """What :func:`generate_docs` did: the page written, the inputs used, and the problems."""
+
+    out: Path
+    used: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def _is_rate(metric: str) -> bool:
+    return bool(_RATE_RE.search(metric or ""))
+
+
+def _scientific(value: float) -> str:
+    """3 significant digits with a compact exponent: 1.23e9, 4.50e-7."""
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def format_number(value: float | int | None, metric: str = "") -> str:
+    """Readable, deterministic rendering of one value (3 significant digits by default).
+
+    Integers keep every digit with thousands separators (counts, bytes); values of 1000 and
+    more are rounded to integers with separators; rates of 1e6 and more, and anything of
+    1e15 and more, use scientific notation; small values keep 3 significant digits.
+    """
+    if value is None:
+        return _MISSING
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude >= 1e15 or (magnitude >= 1e6 and _is_rate(metric)):
+        return _scientific(value)
+    if value.is_integer():
+        return f"{int(value):,}"
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude < 1e-4:
+        return _scientific(value)
+    return f"{value:.3g}"
+
+
+def format_seconds(seconds: float) -> str:
+    """Wall time: seconds, with minutes added for long runs."""
+    text = f"{format_number(seconds)} s"
+    return text + f" ({seconds / 60:.1f} min)" if seconds >= 120 else text
+
+
+def _cell(text: Any) -> str:
+    """Make a value safe inside a Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |"]
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in body]
+    return lines
+
+
+def _ordered_unique(items) -> list:
+    """First-appearance order without duplicates (keeps the paper's layout)."""
+    return list(dict.fromkeys(items))
+
+
+def format_rows_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A plain-text, column-aligned table of rows (for terminals)."""
+    header = ("table", "method", "setting", "metric", "value", "paper")
+    body = [
+        (
+            str(r["table"]), str(r["method"]), str(r["setting"]), str(r["metric"]),
+            format_number(r["value"], r["metric"]),
+            format_number(r["paper"], r["metric"]) if r["paper"] is not None else "",
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in [header, *body]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One Markdown table: a row per (method, setting), a column per metric.
+
+    A metric gets a ``metric (paper)`` column right after it when any row has a paper
+    number for it; the setting column is dropped when every setting is empty.
+    """
+    keys = _ordered_unique((r["method"], r["setting"]) for r in rows)
+    metrics = _ordered_unique(r["metric"] for r in rows)
+    cells = {(r["method"], r["setting"], r["metric"]): r for r in rows}
+    with_paper = {r["metric"] for r in rows if r["paper"] is not None}
+    show_setting = any(setting for _, setting in keys)
+
+    header = ["method"] + (["setting"] if show_setting else [])
+    for metric in metrics:
+        header.append(metric)
+        if metric in with_paper:
+            header.append(f"{metric} (paper)")
+    body = []
+    for method, setting in keys:
+        line = [method] + ([setting] if show_setting else [])
+        for metric in metrics:
+            row = cells.get((method, setting, metric))
+            line.append(format_number(row["value"], metric) if row else _MISSING)
+            if metric in with_paper:
+                line.append(format_number(row["paper"], metric) if row else _MISSING)
+        body.append(line)
+    return _markdown_table(header, body)
+
+
+def _figure_entries(figures: Any) -> list[tuple[str, str]]:
+    """(path, caption) pairs from extra['figures']: strings or {'path', 'caption'} dicts."""
+    if isinstance(figures, (str, Mapping)):
+        figures = [figures]
+    if not isinstance(figures, Sequence):
+        raise BenchmarkError("extra['figures'] must be a list of paths or {path, caption} dicts")
+    entries = []
+    for item in figures:
+        if isinstance(item, str):
+            entries.append((item, Path(item).stem.replace("_", " ")))
+        elif isinstance(item, Mapping) and isinstance(item.get("path"), str):
+            entries.append((item["path"], str(item.get("caption") or Path(item["path"]).stem)))
+        else:
+            raise BenchmarkError(
+                f"extra['figures'] entry {item!r} must be a path or a {{path, caption}} dict"
+            )
+    return entries
+
+
+def _figure_link(path: str, base: Path, out_dir: Path) -> tuple[str, bool]:
+    """Figure paths are relative to the project root (results/'s parent); links are
+    relative to the generated page so that they work on GitHub and locally."""
+    target = Path(path) if Path(path).is_absolute() else base / path
+    link = os.path.relpath(target.resolve(), out_dir.resolve())
+    return Path(link).as_posix(), target.is_file()
+
+
+def _render_extra(extra: Mapping[str, Any], base: Path, out_dir: Path, source: str,
+                  report: DocsReport) -> list[str]:
+    """Notes, figures and any other scalar details a benchmark attached."""
+    lines: list[str] = []
+    notes = extra.get("notes")
+    if notes:
+        lines += ["", "**Notes**", ""]
+        lines += [f"- {' '.join(str(n).split())}" for n in ([notes] if isinstance(notes, str) else notes)]
+    others = {k: v for k, v in extra.items() if k not in ("notes", "figures")}
+    scalars = {k: v for k, v in others.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    if scalars:
+        lines += ["", "**Details**", ""]
+        for key in sorted(scalars):
+            value = scalars[key]
+            shown = format_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            lines.append(f"- {key}: {' '.join(str(shown).split())}")
+    nested = sorted(set(others) - set(scalars))
+    if nested:
+        lines += ["", f"Further details ({', '.join(nested)}) are in `{source}`."]
+    if "figures" in extra:
+        try:
+            figures = _figure_entries(extra["figures"])
+        except BenchmarkError as exc:
+            report.warnings.append(f"{source}: {exc}")
+            figures = []
+        for path, caption in figures:
+            link, exists = _figure_link(path, base, out_dir)
+            if not exists:
+                report.warnings.append(f"{source}: figure {path!r} not found")
+            lines += ["", f"![{_cell(caption)}]({link})"]
+    return lines
+
+
+def _versions_text(versions: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name} {versions[name]}" for name in versions)
+
+
+def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir: Path,
+                   report: DocsReport) -> list[str]:
+    """One benchmark run: title, description, run metadata, then one table per `table`."""
+    mode = "quick" if document["quick"] else "full"
+    lines = [f"## {document['benchmark']} ({mode})", ""]
+    if document.get("description"):
+        lines += [str(document["description"]).strip(), ""]
+    meta = [
+        ("Mode", f"{mode} run" + (" (reduced settings: `--quick`)" if document["quick"] else "")),
+        ("Command", f"`{document['command']}`" if document.get("command") else None),
+        ("Device", document["device"]),
+        ("Seed", document.get("seed")),
+        ("Wall time", format_seconds(float(document["seconds"]))),
+        ("Versions", _versions_text(document["versions"])),
+        ("Git revision", document.get("git_revision")),
+        ("Recorded", document.get("timestamp")),
+        ("Source", f"`{source}`"),
+    ]
+    lines += [f"- **{key}:** {value}" for key, value in meta if value is not None]
+    for table in _ordered_unique(r["table"] for r in document["rows"]):
+        rows = [r for r in document["rows"] if r["table"] == table]
+        lines += ["", f"### {document['benchmark']}: {table}", ""]
+        lines += render_table(rows)
+    if not document["rows"]:
+        lines += ["", "_This run produced no rows._"]
+    lines += _render_extra(document.get("extra") or {}, base, out_dir, source, report)
+    return lines + [""]
+
+
+def _overview(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    body = [
+        (doc["benchmark"], "quick" if doc["quick"] else "full", doc["device"],
+         format_seconds(float(doc["seconds"])), f"`{source}`")
+        for source, doc in entries
+    ]
+    return _markdown_table(("benchmark", "mode", "device", "wall time", "source"), body)
+
+
+def render_page(entries: Sequence[tuple[str, Mapping[str, Any]]], report: DocsReport,
+                base: Path, out_dir: Path) -> str:
+    """The whole page: header, overview, skipped files (loudly), then one section per run."""
+    lines = [HEADER.rstrip("\n"), ""]
+    if entries:
+        lines += ["## Overview", ""] + _overview(entries) + [""]
+    else:
+        lines += ["_No results yet: run `bpfree bench NAME`, then `bpfree docs`._", ""]
+    if report.skipped:
+        lines += ["## Skipped result files", "",
+                  "These files in the results folder are not valid result documents:", ""]
+        lines += [f"- `{source}`: {' '.join(reason.split())}" for source, reason in report.skipped]
+        lines.append("")
+    for source, document in entries:
+        lines += render_section(document, source, base, out_dir, report)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def load_results(results_dir: str | os.PathLike, report: DocsReport) -> list[tuple[str, dict]]:
+    """Valid result documents in ``results_dir`` as (display path, document), sorted by
+    (benchmark, quick, file name); invalid files are recorded in ``report.skipped``."""
+    folder = Path(results_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"results folder {str(folder)!r} does not exist; run `bpfree bench NAME` first "
+            "or pass --results DIR"
+        )
+    entries = []
+    for path in sorted(folder.glob("*.json")):
+        source = f"{folder.name}/{path.name}"  # stable across machines, unlike absolute paths
+        try:
+            with path.open(encoding="utf-8") as fh:
+                document = validate_result(json.load(fh), source=source)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, BenchmarkError) as exc:
+            report.skipped.append((source, str(exc)))
+            continue
+        report.used.append(source)
+        entries.append((source, document))
+    entries.sort(key=lambda e: (e[1]["benchmark"], e[1]["quick"], e[0]))
+    return entries
+
+
+def generate_docs(results_dir: str | os.PathLike = DEFAULT_RESULTS_DIR,
+                  out: str | os.PathLike = DEFAULT_OUT) -> DocsReport:
+    """Write the benchmarks page ``out`` from ``results_dir/*.json``; returns a report.
+
+    Invalid result files do not stop the page: they are listed at its top and in
+    ``report.skipped`` so that the caller can fail loudly.
+    """
+    out_path = Path(out)
+    report = DocsReport(out=out_path)
+    entries = load_results(results_dir, report)
+    base = Path(results_dir).parent
+    text = render_page(entries, report, base, out_path.parent)
+    write_text_atomic(text, out_path)
+    return report

@@ -1,0 +1,243 @@
+"""Command-line entry point (argument parsing only; the work lives in the library).
+
+Subcommands implemented elsewhere are listed in :data:`DELEGATED` as
+``(name, module, help)``: the module provides ``add_arguments(parser)`` and
+``main(args) -> int``. Adding a command is one line there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+
+from bpfree import __version__
+
+PROG = "bpfree"
+
+DESCRIPTION = """\
+bpfree: train neural networks without back-propagation.
+
+Gradients come only from forward evaluations: zeroth-order estimates, forward gradients
+and local layer-wise rules. This tool runs the demo, the benchmarks that reproduce the
+papers' tables (bench, writing results/*.json), and regenerates docs/BENCHMARKS.md
+from those results (docs). Run `bpfree COMMAND --help` for each command's options.
+"""
+
+EPILOG = """\
+examples:
+  bpfree demo                    train a small network without back-propagation
+  bpfree bench --list            name the benchmarks
+  bpfree bench smoke --quick     run one benchmark, write results/smoke-quick.json
+  bpfree docs                    regenerate docs/BENCHMARKS.md from results/*.json
+
+Set BPFREE_DEBUG=1 (or pass --debug) to see tracebacks of errors.
+"""
+
+# Commands implemented in other modules, imported when the parser is built. A module that
+# is missing (or fails to import) leaves its command listed as "not available".
+DELEGATED: list[tuple[str, str, str]] = [
+    ("demo", "bpfree.demo", "train a small network on bundled data without back-propagation"),
+    ("memory", "bpfree.memory.cli", "measure and estimate the memory of training methods"),
+]
+
+_BENCH_EPILOG = """\
+examples:
+  bpfree bench --list
+  bpfree bench smoke --quick
+  bpfree bench smoke --seed 1 --json results/smoke-seed1.json
+
+The JSON contract and how to add a benchmark: benchmarks/README.md.
+"""
+
+_DOCS_EPILOG = """\
+examples:
+  bpfree docs
+  bpfree docs --results results --out docs/BENCHMARKS.md
+
+Exits with status 1 when some result files were skipped as invalid (they are listed
+on stderr and at the top of the page).
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows defaults, keeps the epilog's line breaks, and omits uninformative defaults."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # "(default: None)" / "(default: False)" say nothing the help text does not.
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _add_debug(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> None:
+    # SUPPRESS on subcommands: their default would otherwise overwrite a top-level --debug.
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show the full traceback of errors (also: BPFREE_DEBUG=1)")
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run one benchmark (or list them) and print its rows."""
+    from bpfree.bench import docs, runner
+
+    if args.list:
+        registry = runner.discover()
+        if not registry:
+            print(f"no benchmarks found in {runner.benchmarks_dir()}")
+        width = max((len(info.name) for info in registry), default=0)
+        for info in registry:
+            print(f"{info.name:<{width}}  {info.summary}")
+        return 0
+    if not args.name:
+        known = ", ".join(i.name for i in runner.discover() if i.error is None) or "(none)"
+        raise ValueError(f"name a benchmark to run, or use --list; known benchmarks: {known}")
+    json_path = args.json or runner.default_json_path(args.name, args.quick)
+    document = runner.run_benchmark(
+        args.name, quick=args.quick, json_path=json_path, seed=args.seed,
+        command=args.command_line,
+    )
+    mode = "quick" if document["quick"] else "full"
+    print(f"{document['benchmark']} ({mode}) on {document['device']}, seed {document['seed']}, "
+          f"{docs.format_seconds(document['seconds'])}")
+    print(docs.format_rows_text(document["rows"]))
+    print(f"wrote {json_path}")
+    return 0
+
+
+def _cmd_docs(args: argparse.Namespace) -> int:
+    """Regenerate the benchmarks page; invalid result files make the exit status 1."""
+    from bpfree.bench import docs
+
+    report = docs.generate_docs(args.results, args.out)
+    for source, reason in report.skipped:
+        print(f"{PROG}: warning: skipped {source}: {reason}", file=sys.stderr)
+    for warning in report.warnings:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    print(f"wrote {report.out} from {len(report.used)} result file(s)"
+          + (f", skipped {len(report.skipped)} invalid" if report.skipped else ""))
+    return 1 if report.skipped else 0
+
+
+def _unavailable(name: str, reason: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        print(f"{PROG}: error: the {name} command is not available ({reason})", file=sys.stderr)
+        return 1
+    return handler
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _add_bench(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="run a named benchmark and write its JSON result",
+        description="Run a benchmark from benchmarks/ and write one JSON document with a row\n"
+                    "per cell of the paper's table: our number beside the paper's, with the\n"
+                    "seed, device, wall time and library versions of the run.",
+        epilog=_BENCH_EPILOG, formatter_class=_HelpFormatter,
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help="benchmark to run (see --list)")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced settings that finish in seconds to minutes (CI, smoke checks)")
+    p.add_argument("--json", metavar="PATH",
+                   help="where to write the result (default: results/NAME.json, "
+                        "or results/NAME-quick.json with --quick)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="seed for torch, numpy and random (default: the benchmark's SEED, else 0)")
+    p.add_argument("--list", action="store_true", help="name the benchmarks and exit")
+    _add_debug(p)
+    p.set_defaults(handler=_cmd_bench)
+
+
+def _add_docs(subparsers) -> None:
+    from bpfree.bench.docs import DEFAULT_OUT, DEFAULT_RESULTS_DIR
+
+    p = subparsers.add_parser(
+        "docs", help="regenerate docs/BENCHMARKS.md from results/*.json",
+        description="Generate the benchmarks page from every result file in --results: our\n"
+                    "numbers beside the papers', with the device, seed, wall time and versions\n"
+                    "of each run. Never edit the generated page by hand.",
+        epilog=_DOCS_EPILOG, formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--results", metavar="DIR", default=DEFAULT_RESULTS_DIR,
+                   help="folder of result JSON files")
+    p.add_argument("--out", metavar="PATH", default=DEFAULT_OUT, help="Markdown file to write")
+    _add_debug(p)
+    p.set_defaults(handler=_cmd_docs)
+
+
+def _add_delegated(subparsers, name: str, module_path: str, help_text: str) -> None:
+    """Import a command's module and let it declare its own arguments."""
+    try:
+        module = importlib.import_module(module_path)
+        add_arguments, run = module.add_arguments, module.main
+    except (ImportError, AttributeError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        p = subparsers.add_parser(name, help=f"not available ({reason})",
+                                  description=f"{name}: not available ({reason})")
+        p.set_defaults(handler=_unavailable(name, reason))
+        return
+    p = subparsers.add_parser(
+        name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
+        epilog=f"example:\n  {PROG} {name}", formatter_class=_HelpFormatter,
+    )
+    _add_debug(p)
+    add_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``bpfree`` parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    _add_debug(parser, default=False)
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name, module_path, help_text in DELEGATED[:1]:  # demo first: the entry point for newcomers
+        _add_delegated(subparsers, name, module_path, help_text)
+    _add_bench(subparsers)
+    _add_docs(subparsers)
+    for name, module_path, help_text in DELEGATED[1:]:
+        _add_delegated(subparsers, name, module_path, help_text)
+    return parser
+
+
+def _debug_enabled(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("BPFREE_DEBUG", "") not in ("", "0")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: sys.argv[1:]), run the command, return the exit status.
+
+    Errors the library raises for bad input (ValueError, FileNotFoundError) become
+    ``bpfree: error: ...`` and status 2, without a traceback unless debugging.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    args.command_line = shlex.join([PROG, *argv])  # recorded in result files
+    try:
+        return int(handler(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        if _debug_enabled(args):
+            raise
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

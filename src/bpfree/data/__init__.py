@@ -1,0 +1,26 @@
+"""Datasets from local files only; bpfree never downloads.
+
+* :func:`load_mnist` -- MNIST / Fashion-MNIST from the four standard IDX files, found in a
+  given folder, ``$BPFREE_DATA/<kind>`` or the project's staged ``shared/data/<kind>``.
+* :func:`read_idx` -- any IDX file, gzip-compressed or raw.
+* :func:`load_digits_split` -- scikit-learn's bundled 8x8 digits, split for quick runs.
+* :func:`default_data_root` / :func:`require_data_root` -- where a dataset lives; the latter
+  skips a pytest test with a reason when it is absent.
+"""
+
+from .digits import load_digits_split
+from .idx import IDX_KINDS, IdxError, load_mnist, mnist_files, read_idx
+from .paths import DATA_ENV_VAR, candidate_roots, default_data_root, require_data_root
+
+__all__ = [
+    "DATA_ENV_VAR",
+    "IDX_KINDS",
+    "IdxError",
+    "candidate_roots",
+    "default_data_root",
+    "load_digits_split",
+    "load_mnist",
+    "mnist_files",
+    "read_idx",
+    "require_data_root",
+]

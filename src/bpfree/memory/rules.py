@@ -1,0 +1,363 @@
+"""Analytic training memory from layer shapes: a registry of per-method rules.
+
+A rule is ``fn(profile, *, batch_size, num_queries, dtype_bytes, trainable, **options)``
+returning a :class:`~bpfree.memory.report.MemoryReport`. ``profile`` is a
+:class:`~bpfree.memory.profile.ModelProfile`; ``batch_size`` is N; ``num_queries`` is Q;
+``dtype_bytes`` is the storage size of one parameter / activation element (4 for fp32, 1
+for int8 on an MCU); ``trainable`` is a frozenset of parameter names. Later issues add
+each method's refined rules with :func:`register_rule`.
+
+The built-in rules follow PMT (Poor Man's Training) Table 3 "Memory Cost Comparison"
+(inference N(2d_a + d_w); WP vanilla L·d_w, efficient L·Q; NP vanilla N·L·d_a + L·d_w,
+efficient N·L·Q + d_w; BP N·L·d_a + L·d_w), made concrete for a real network: per-layer
+d_a and d_w come from the profile instead of "L identical layers".
+
+Shared assumptions: every element of parameters and activations takes ``dtype_bytes``;
+seeds are uint32 (4 bytes) and losses fp32 (4 bytes) whatever ``dtype_bytes`` is;
+activations scale linearly with batch; only leaf-module inputs/outputs exist (no skip
+tensors, no kernel workspaces).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .profile import LayerProfile, ModelProfile, profile_model
+from .report import MemoryReport
+
+__all__ = [
+    "LOSS_BYTES",
+    "NONLINEAR_LAYER_TYPES",
+    "SEED_BYTES",
+    "analytic",
+    "register_rule",
+    "registered_rules",
+]
+
+#: A perturbation seed is a uint32 (the device's XORShift32 state).
+SEED_BYTES = 4
+#: A loss value is one fp32 scalar.
+LOSS_BYTES = 4
+
+#: Parameter-free layers whose backward needs their input (or output) kept: BP keeps it.
+NONLINEAR_LAYER_TYPES: frozenset[str] = frozenset({
+    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "ELU", "SELU", "CELU", "GELU", "SiLU",
+    "Mish", "Sigmoid", "Tanh", "Hardtanh", "Hardswish", "Hardsigmoid", "Softplus",
+    "Softsign", "Softmax", "LogSoftmax", "Softmin", "Tanhshrink", "GLU", "LogSigmoid",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
+})
+
+Rule = Callable[..., MemoryReport]
+_RULES: dict[str, Rule] = {}
+
+
+def register_rule(name: str, fn: Rule, *, replace: bool = False) -> None:
+    """Register ``fn(profile, **options) -> MemoryReport`` as the rule for method ``name``.
+
+    Re-registering an existing name needs ``replace=True`` so two issues cannot silently
+    overwrite each other's rule.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if name in _RULES and not replace:
+        raise ValueError(f"name {name!r} is already registered; pass replace=True to override")
+    _RULES[name] = fn
+
+
+def registered_rules() -> tuple[str, ...]:
+    """Names of the registered methods, sorted."""
+    return tuple(sorted(_RULES))
+
+
+# ---------------------------------------------------------------------------------------
+# Small pure helpers shared by the rules. All counts are elements unless named *_bytes.
+
+
+def _scaled(numel: int, profile_batch: int, batch_size: int) -> int:
+    """Elements at batch ``batch_size`` for a count measured at ``profile_batch`` (ceil)."""
+    return -(-numel * batch_size // profile_batch)
+
+
+def _parameters_bytes(profile: ModelProfile, dtype_bytes: int) -> int:
+    return profile.num_parameters * dtype_bytes
+
+
+def _inference_peak_bytes(profile: ModelProfile, batch_size: int, dtype_bytes: int) -> int:
+    return _scaled(profile.inference_peak_numel, profile.batch_size, batch_size) * dtype_bytes
+
+
+def _trainable_numel(profile: ModelProfile, trainable: frozenset[str]) -> int:
+    return sum(n for name, n in profile.parameter_numel.items() if name in trainable)
+
+
+def _layer_trainable_numel(layer: LayerProfile, trainable: frozenset[str]) -> int:
+    return sum(n for name, n in layer.parameter_numel.items() if name in trainable)
+
+
+def _saves_input(layer: LayerProfile) -> bool:
+    # Parametrized layers need a^(i) for dW = dz · a^T (PMT Eq. 3); nonlinear ones need
+    # z^(i) for h'(z). Views and Dropout-at-eval keep nothing worth counting.
+    return bool(layer.parameter_numel) or layer.type in NONLINEAR_LAYER_TYPES
+
+
+def _inputs_bytes(layers: Iterable[LayerProfile], profile: ModelProfile, batch_size: int,
+                  dtype_bytes: int) -> int:
+    numel = sum(layer.input_numel for layer in layers)
+    return _scaled(numel, profile.batch_size, batch_size) * dtype_bytes
+
+
+def _seeds_losses_bytes(num_seeds: int, num_losses: int) -> int:
+    return num_seeds * SEED_BYTES + num_losses * LOSS_BYTES
+
+
+def _parts(**parts: int) -> dict[str, int]:
+    # Every built-in rule reports all canonical parts so stacked figures line up.
+    base = dict.fromkeys(
+        ("parameters", "trainable_copy", "activations", "gradient_buffers", "optimizer_state",
+         "seeds_losses"), 0)
+    base.update(parts)
+    return base
+
+
+# ---------------------------------------------------------------------------------------
+# Built-in rules.
+
+
+def inference_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                   dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """Plain inference: parameters + the layer-by-layer activation peak.
+
+    PMT Table 3 "Inference Only": N(2d_a + d_w) — the largest layer's input and output for
+    N samples (here the max over layers of (input + output) elements) plus the weights,
+    which an MCU keeps in flash/SRAM for all layers (we count all of them).
+    """
+    return MemoryReport("inference", _parts(
+        parameters=_parameters_bytes(profile, dtype_bytes),
+        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+    ))
+
+
+def bp_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,
+            trainable: frozenset[str], momentum: bool = False,
+            optimizer_states: int | None = None) -> MemoryReport:
+    """Back-propagation: PMT Table 3 "Back-propagation" N·L·d_a + L·d_w, and §2 "Extra Memory".
+
+    Assumptions:
+    - activations: the input of every parametrized or nonlinear layer is kept for the
+      backward pass, for all N samples (PMT §2: all a^(i) and z^(i)); all parameters stay
+      resident even if frozen;
+    - activation_gradients (extra part): while a layer back-propagates, its output
+      gradient and input gradient are both live — at most the inference peak;
+    - gradient_buffers: one ``.grad`` per trainable parameter;
+    - optimizer_state: ``optimizer_states`` tensors per trainable parameter (1 for SGD
+      momentum, 2 for Adam); ``momentum=True`` is shorthand for 1. Default 0 (plain SGD).
+    """
+    if optimizer_states is None:
+        optimizer_states = 1 if momentum else 0
+    if isinstance(optimizer_states, bool) or not isinstance(optimizer_states, int) \
+            or optimizer_states < 0:
+        raise ValueError(f"optimizer_states must be an int >= 0, got {optimizer_states!r}")
+    n_train = _trainable_numel(profile, trainable)
+    kept = [layer for layer in profile.layers if _saves_input(layer)]
+    return MemoryReport("bp", _parts(
+        parameters=_parameters_bytes(profile, dtype_bytes),
+        activations=_inputs_bytes(kept, profile, batch_size, dtype_bytes),
+        activation_gradients=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+        gradient_buffers=n_train * dtype_bytes,
+        optimizer_state=optimizer_states * n_train * dtype_bytes,
+    ))
+
+
+def zo_wp_lean_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                    dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """MeZO-style weight perturbation in place: PMT Table 3 "Weight Perturbation (Efficient)".
+
+    θ is perturbed to θ+μξ in place and restored, ξ regenerated from its seed for the
+    update (PMT §3.2.1: WP stores only scalars). Memory = parameters + the inference
+    activation peak + Q seeds (uint32) + Q+1 batch losses (the clean one and one per
+    query, fp32). No trainable copy, no gradient buffer, no optimizer state (ZO-SGD).
+    PMT's L·Q counts one seed per layer and query for layer-wise WP; this is model-wise.
+    """
+    q = num_queries
+    return MemoryReport("zo_wp_lean", _parts(
+        parameters=_parameters_bytes(profile, dtype_bytes),
+        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+        seeds_losses=_seeds_losses_bytes(q, q + 1),
+    ))
+
+
+def zo_wp_batched_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                       dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """Weight perturbation with all Q queries evaluated in one stacked (vmap) forward.
+
+    Trades memory for speed against PMT Table 3 "Weight Perturbation": Q perturbed copies
+    of the trainable parameters are materialized (trainable_copy = Q·d_trainable), and the
+    stacked forward runs Q·N samples, so the activation peak is Q times the inference peak.
+    Seeds/losses as in ``zo_wp_lean`` (Q seeds kept to regenerate ξ for the update).
+    The clean forward is assumed to run separately, not stacked with the Q queries.
+    """
+    q = num_queries
+    return MemoryReport("zo_wp_batched", _parts(
+        parameters=_parameters_bytes(profile, dtype_bytes),
+        trainable_copy=q * _trainable_numel(profile, trainable) * dtype_bytes,
+        activations=_inference_peak_bytes(profile, q * batch_size, dtype_bytes),
+        seeds_losses=_seeds_losses_bytes(q, q + 1),
+    ))
+
+
+def zo_np_lean_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                    dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """Layer-wise node perturbation, memory-efficient: PMT Table 3 "Node Perturbation
+    (Efficient)" N·L·Q + d_w.
+
+    One layer at a time: its output z^(i) is perturbed per sample and query (Eq. 9),
+    the weight gradient ∇W = ∇z · a^T (Eq. 10) is formed in one buffer of that layer's
+    d_w (largest trainable layer counted, weight + bias) and applied at once, so no
+    activation outlives the layer-by-layer engine. Seeds: one per (sample, query), N·Q;
+    losses: sample-wise, N·(Q+1).
+    """
+    n, q = batch_size, num_queries
+    largest = max((_layer_trainable_numel(layer, trainable) for layer in profile.layers),
+                  default=0)
+    return MemoryReport("zo_np_lean", _parts(
+        parameters=_parameters_bytes(profile, dtype_bytes),
+        activations=_inference_peak_bytes(profile, n, dtype_bytes),
+        gradient_buffers=largest * dtype_bytes,
+        seeds_losses=_seeds_losses_bytes(n * q, n * (q + 1)),
+    ))
+
+
+def zo_np_batched_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                       dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """Model-wise node perturbation with Q queries stacked: PMT Table 3 "Node Perturbation
+    (Vanilla)" N·L·d_a + L·d_w, with the Q queries run as one Q·N-sample forward.
+
+    Activations: Q times the inference peak (Q×N stacked samples) plus the input a^(i) of
+    every trainable layer, kept for N samples until ∇W = ∇z · a^T (Eq. 10) is formed;
+    gradient_buffers: every trainable layer's weight gradient at once (L·d_w).
+    Seeds/losses as in ``zo_np_lean``.
+    """
+    n, q = batch_size, num_queries
+    trained_layers = [layer for layer in profile.layers
+                      if _layer_trainable_numel(layer, trainable)]
+    stacked = _inference_peak_bytes(profile, q * n, dtype_bytes)
+    return MemoryReport("zo_np_batched", _parts(
+        parameters=_parameters_bytes(profile, dtype_bytes),
+        activations=stacked + _inputs_bytes(trained_layers, profile, n, dtype_bytes),
+        gradient_buffers=_trainable_numel(profile, trainable) * dtype_bytes,
+        seeds_losses=_seeds_losses_bytes(n * q, n * (q + 1)),
+    ))
+
+
+register_rule("inference", inference_rule)
+register_rule("bp", bp_rule)
+register_rule("zo_wp_lean", zo_wp_lean_rule)
+register_rule("zo_wp_batched", zo_wp_batched_rule)
+register_rule("zo_np_lean", zo_np_lean_rule)
+register_rule("zo_np_batched", zo_np_batched_rule)
+
+
+# ---------------------------------------------------------------------------------------
+# Entry point.
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _resolve_trainable(profile: ModelProfile, trainable: Any) -> frozenset[str]:
+    """Parameter names that train: all (None), a predicate on the name, or names/prefixes.
+
+    A name selects the parameter of that name or every parameter under that module prefix
+    (``"0"`` selects ``"0.weight"`` and ``"0.bias"``).
+    """
+    names = tuple(profile.parameter_numel)
+    if trainable is None:
+        return frozenset(names)
+    if callable(trainable):
+        return frozenset(n for n in names if trainable(n))
+    if isinstance(trainable, str):
+        trainable = (trainable,)
+    try:
+        wanted = tuple(trainable)
+    except TypeError:
+        raise TypeError(
+            "trainable must be None, a predicate name -> bool, or an iterable of parameter / "
+            f"module names, got {type(trainable).__name__}"
+        ) from None
+    selected: set[str] = set()
+    for want in wanted:
+        hits = [n for n in names if n == want or n.startswith(f"{want}.")]
+        if not hits:
+            raise ValueError(
+                f"trainable: {want!r} matches no parameter; parameters are {', '.join(names)}"
+            )
+        selected.update(hits)
+    return frozenset(selected)
+
+
+def _profile_for(model: Any, input_shape: Any, example_input: Any) -> ModelProfile:
+    if isinstance(model, ModelProfile):
+        if input_shape is not None or example_input is not None:
+            raise ValueError(
+                "input_shape/example_input must be None when model is a ModelProfile"
+            )
+        return model
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module or ModelProfile, got {type(model).__name__}"
+        )
+    if (input_shape is None) == (example_input is None):
+        raise ValueError(
+            "give exactly one of input_shape (per sample, no batch dim) or example_input"
+        )
+    if example_input is None:
+        # Profile one sample: per-sample counts are all the rules need.
+        example_input = torch.zeros((1, *tuple(input_shape)))
+    return profile_model(model, example_input)
+
+
+def analytic(model: nn.Module | ModelProfile, method: str, *, input_shape: Any = None,
+             example_input: Any = None, batch_size: int | None = None, num_queries: int = 1,
+             dtype_bytes: int = 4, trainable: Any = None, **options: Any) -> MemoryReport:
+    """Analytic training memory of ``method`` for ``model``, from its layer shapes.
+
+    ``model`` is an ``nn.Module`` (profiled once with ``example_input`` — batch first — or
+    with zeros of ``(1, *input_shape)``) or an existing :class:`ModelProfile`.
+    ``batch_size`` defaults to the example's batch (1 with ``input_shape``).
+    ``trainable`` is None (all parameters), a predicate on the parameter name, or names /
+    module prefixes. Extra ``options`` go to the rule (e.g. ``momentum=True`` for ``"bp"``).
+    """
+    if method not in _RULES:
+        raise ValueError(
+            f"method {method!r} is not registered; registered: {', '.join(registered_rules())}"
+        )
+    rule = _RULES[method]
+    profile = _profile_for(model, input_shape, example_input)
+    n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+    kwargs = dict(
+        batch_size=n,
+        num_queries=_positive_int("num_queries", num_queries),
+        dtype_bytes=_positive_int("dtype_bytes", dtype_bytes),
+        trainable=_resolve_trainable(profile, trainable),
+        **options,
+    )
+    # Check the options against the rule's signature first, so a typo names the method
+    # instead of surfacing as a TypeError from deep inside the rule.
+    try:
+        inspect.signature(rule).bind(profile, **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"options for method {method!r}: {exc}") from None
+    except ValueError:  # no introspectable signature (builtins); let the call decide
+        pass
+    return rule(profile, **kwargs)

@@ -1,0 +1,224 @@
+"""``ZOOptimizer``: zeroth-order training for any ``torch.nn.Module``, torch.optim style.
+
+    model = ...                                   # any nn.Module
+    opt = ZOOptimizer(select_parameters(model, "fc2.*"), lr=1e-2,
+                      estimator=rge(num_queries=16, mu=1e-3),
+                      transforms=[gradient_norm_scaling()])
+    for x, y in loader:
+        loss = opt.step(Objective(model, x, y))   # forward passes only
+
+One step = estimate (an estimator from :mod:`bpfree.estimators`) → transforms
+(:mod:`bpfree.transforms`) → SGD update ``θ ← θ − η_t · Π(scales) · T(ĝ)`` (PMT Eq. 5/8).
+
+Execution modes give the same estimate for the same seeds:
+
+* ``lean``: perturb the parameters in place and restore them bit-exactly by regenerating the
+  direction from its seed; extra memory is O(Q) scalars (plus a sparse repair list of the
+  few float entries whose round trip is inexact). When no tensor transform is used, the
+  update itself is applied from the seeds too, so no gradient buffer ever exists.
+* ``batched``: evaluate many perturbed parameter sets in one vectorized forward
+  (``vmap`` + ``functional_call``, or stacked perturbed activations for node perturbation).
+
+Directions are never stored: direction ``q`` of step ``t`` for tensor ``i`` is drawn from
+seed ``derive_seed(seed, t, q, i)``, so a checkpoint needs only the step counter.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+from ..estimators import QueryContext, get_estimator, materialize
+from ..objective import Objective
+from ..perturb import derive_seed, get_distribution, perturb_
+from ..transforms import TensorInfo, split_transforms
+from .params import owners
+
+MODES = ("lean", "batched")
+
+
+@dataclass
+class StepStats:
+    """What one step did (``optimizer.last_stats``)."""
+
+    step: int
+    loss: float
+    forward_passes: int
+    queries: int
+    dropped: int
+    applied: bool
+    lr: float
+
+
+class ZOOptimizer(torch.optim.Optimizer):
+    """Zeroth-order optimizer with the ``torch.optim`` interface.
+
+    Args:
+        params: tensors, ``(name, tensor)`` pairs (e.g. from :func:`select_parameters`), or
+            parameter-group dicts. A group may set ``lr`` and ``scale`` (quantization scale
+            ``s_θ`` used by quantization-aware scaling; default 1.0).
+        lr: base learning rate ``η``.
+        estimator: an estimator object or name (``bpfree.estimators.list_estimators()``).
+        distribution: direction distribution object or name (``bpfree.perturb``).
+        transforms: scale and tensor transforms applied in order (``bpfree.transforms``).
+        schedule: callable ``step -> multiplier`` of ``lr`` (``bpfree.transforms.cosine``...).
+        mode: ``"lean"`` or ``"batched"``.
+        seed: run seed from which every direction is derived.
+        chunk_size: most parameter sets stacked in one batched forward (memory bound).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, *, estimator="rge", distribution="rademacher",
+                 transforms=(), schedule=None, mode: str = "lean", seed: int = 0,
+                 chunk_size: int = 64) -> None:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        if schedule is not None and not callable(schedule):
+            raise TypeError("schedule must be callable: step -> learning-rate multiplier")
+        self.estimator = get_estimator(estimator) if isinstance(estimator, str) else estimator
+        if not hasattr(self.estimator, "estimate"):
+            raise TypeError(f"estimator must be a name or an estimator object, got {type(estimator).__name__}")
+        self.distribution = (get_distribution(distribution) if isinstance(distribution, str)
+                             else distribution)
+        self.transforms = list(transforms)
+        self._scales, self._maps = split_transforms(self.transforms)
+        self.schedule = schedule
+        self.mode = mode
+        self.chunk_size = chunk_size
+        super().__init__(params, {"lr": float(lr), "scale": 1.0})
+        for group in self.param_groups:
+            s = group["scale"]
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+                raise ValueError(f"param group scale must be a finite number > 0, got {s!r}")
+            for p in group["params"]:
+                if not p.is_floating_point():
+                    raise TypeError(
+                        f"ZOOptimizer updates floating-point tensors; got dtype {p.dtype}. Integer "
+                        "(quantized) parameters need an integer update rule")
+        self.state["zo"] = {"step": 0, "seed": seed, "forward_passes": 0, "dropped": 0}
+        self.state["transforms"] = [m.init(self._params()) for m in self._maps]
+        self.last_stats: StepStats | None = None
+
+    # -- helpers -------------------------------------------------------------------------
+    def _params(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _resolve(self, closure):
+        """Names and owning modules of the trainable tensors (needed by batched/NP modes)."""
+        params = self._params()
+        names = []
+        for g in self.param_groups:
+            pn = g.get("param_names")
+            names.extend(pn if pn else [None] * len(g["params"]))
+        modules = {}
+        if isinstance(closure, Objective):
+            table = owners(closure.model)
+            for i, p in enumerate(params):
+                if id(p) not in table:
+                    raise ValueError(
+                        f"trainable tensor {names[i] or i} is not a parameter of the objective's model")
+                qual, module, attr = table[id(p)]
+                names[i] = qual
+                modules[i] = (module, attr)
+        names = [n if n is not None else f"param{i}" for i, n in enumerate(names)]
+        return params, names, modules
+
+    @property
+    def step_count(self) -> int:
+        return self.state["zo"]["step"]
+
+    @property
+    def forward_passes(self) -> int:
+        return self.state["zo"]["forward_passes"]
+
+    # -- the step ------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None) -> float:
+        """One zeroth-order step; returns the loss at the current parameters.
+
+        ``closure`` is an :class:`~bpfree.objective.Objective` (any mode, any estimator) or a
+        zero-argument callable returning the scalar loss (lean weight perturbation only).
+        A query whose loss is NaN/Inf is dropped and counted; a step with no finite query
+        leaves parameters and optimizer state unchanged (the step counter still advances so
+        the next step draws fresh directions).
+        """
+        if closure is None or not callable(closure):
+            raise TypeError("ZOOptimizer.step needs a closure: an Objective or a callable returning the loss")
+        zo = self.state["zo"]
+        t, run_seed = zo["step"], zo["seed"]
+        params, names, modules = self._resolve(closure)
+
+        def seed_for(q: int, i: int) -> int:
+            return derive_seed(run_seed, t, q, i)
+
+        ctx = QueryContext(params=params, names=names, closure=closure,
+                           distribution=self.distribution, seed_for=seed_for, mode=self.mode,
+                           chunk_size=self.chunk_size, modules=modules, step=t)
+        est = self.estimator.estimate(ctx)
+        multiplier = self.schedule(t) if self.schedule is not None else 1.0
+        applied = est.dropped < est.queries
+        if applied:
+            applied = self._apply(est, params, names, t, multiplier)
+        zo["step"] = t + 1
+        zo["forward_passes"] += int(est.forward_passes)
+        zo["dropped"] += int(est.dropped)
+        self.last_stats = StepStats(step=t, loss=est.loss, forward_passes=int(est.forward_passes),
+                                    queries=est.queries, dropped=est.dropped, applied=applied,
+                                    lr=self.param_groups[0]["lr"] * multiplier)
+        return est.loss
+
+    def _apply(self, est, params, names, t, multiplier) -> bool:
+        lrs, infos = [], []
+        i = 0
+        for group in self.param_groups:
+            for _ in group["params"]:
+                info = TensorInfo(name=names[i], num_directions=est.num_directions[i],
+                                  dim=est.dims[i], scale=float(group["scale"]), step=t)
+                factor = 1.0
+                for s in self._scales:
+                    factor *= s.factor(info)
+                lrs.append(group["lr"] * multiplier * factor)
+                infos.append(info)
+                i += 1
+        if est.is_lazy and not self._maps:
+            # Apply Σ_k w_k ξ_k straight from the seeds: no gradient buffer (MeZO / PMT Alg. 1).
+            for k, w in enumerate(est.weights.tolist()):
+                if w == 0.0:
+                    continue
+                for j, p in enumerate(params):
+                    perturb_(p.data, self.distribution, est.seeds[k][j], -lrs[j] * w)
+            return True
+        grads = est.grads if not est.is_lazy else materialize(params, self.distribution,
+                                                              est.weights, est.seeds)
+        if any(g is None for g in grads):
+            missing = [names[j] for j, g in enumerate(grads) if g is None]
+            raise RuntimeError(f"the estimator produced no gradient for {missing}")
+        if not all(bool(torch.isfinite(g).all()) for g in grads):
+            return False  # never let a non-finite estimate reach the weights
+        state = self.state["transforms"]
+        for m, st in zip(self._maps, state):
+            grads = m.update(grads, st, infos, params)
+        for p, g, lr in zip(params, grads, lrs):
+            p.data.sub_(g.to(p.dtype) * lr)
+        return True
+
+    # -- state ---------------------------------------------------------------------------
+    def load_state_dict(self, state_dict) -> None:
+        # Deep-copy the non-parameter entries so later in-place updates (momentum) never
+        # write into the caller's dict (e.g. a checkpoint still held in memory).
+        state_dict = dict(state_dict)
+        state_dict["state"] = {k: (copy.deepcopy(v) if isinstance(k, str) else v)
+                               for k, v in state_dict["state"].items()}
+        super().load_state_dict(state_dict)
+
+    def stats_dict(self) -> dict:
+        return asdict(self.last_stats) if self.last_stats else {}

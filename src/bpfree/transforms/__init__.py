@@ -1,0 +1,16 @@
+"""Gradient transforms and learning-rate schedules (compose like optax / torch.optim)."""
+
+from .base import MapTransform, ScaleTransform, TensorInfo, split_transforms
+from .scaling import (GradientNormScaling, QuantizationAwareScaling, gradient_norm_scaling,
+                      quantization_aware_scaling)
+from .schedules import Constant, Cosine, Exponential, constant, cosine, exponential
+from .shaping import (ClipByNorm, ClipByValue, KernelwiseNormalization, Momentum, Sign,
+                      clip_by_norm, clip_by_value, kernelwise_normalization, momentum, sign)
+
+__all__ = [
+    "MapTransform", "ScaleTransform", "TensorInfo", "split_transforms",
+    "GradientNormScaling", "QuantizationAwareScaling", "gradient_norm_scaling",
+    "quantization_aware_scaling", "Constant", "Cosine", "Exponential", "constant", "cosine",
+    "exponential", "ClipByNorm", "ClipByValue", "KernelwiseNormalization", "Momentum", "Sign",
+    "clip_by_norm", "clip_by_value", "kernelwise_normalization", "momentum", "sign",
+]
