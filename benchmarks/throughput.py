@@ -7,9 +7,10 @@ CPU thread. The reference loop is MeZO's (Malladi et al. 2023): per direction, p
 regenerations and two forwards. Each step includes the parameter update.
 
 "Directions" are perturbation directions evaluated (Q per step for weight perturbation,
-Q per layer for layer-wise node perturbation). Useful GFLOP/s counts 2·MACs of the forward
-passes each method needs at batch 64, divided by the step's wall time, next to the machine's
-measured fp32 GEMM rate.
+Q per layer for layer-wise node perturbation). Useful GFLOP/s counts 2·MACs of the layer
+work each method needs at batch 64 (Q+1 full forwards for weight perturbation, 2Q for the
+MeZO loop, prefix once plus Q+1 suffixes per layer for node perturbation on a Sequential),
+divided by the step's wall time, next to the machine's measured fp32 GEMM rate.
 """
 
 from __future__ import annotations
@@ -41,23 +42,31 @@ def cnn() -> nn.Module:
                          nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
 
 
-def forward_macs(model: nn.Module, x: torch.Tensor) -> int:
-    """MACs of one forward pass (Linear and Conv2d layers), counted with hooks."""
-    total = 0
+def layer_macs(model: nn.Module, x: torch.Tensor) -> list[int]:
+    """MACs of each Linear/Conv2d layer in execution order, counted with hooks."""
+    macs = []
 
     def hook(mod, inp, out):
-        nonlocal total
         if isinstance(mod, nn.Linear):
-            total += out.numel() * mod.in_features
+            macs.append(out.numel() * mod.in_features)
         elif isinstance(mod, nn.Conv2d):
-            total += out.numel() * (mod.in_channels // mod.groups) * mod.kernel_size[0] * mod.kernel_size[1]
+            macs.append(out.numel() * (mod.in_channels // mod.groups) * mod.kernel_size[0] * mod.kernel_size[1])
 
     hooks = [m.register_forward_hook(hook) for m in model.modules()]
     with torch.no_grad():
         model(x)
     for h in hooks:
         h.remove()
-    return total
+    return macs
+
+
+def node_perturbation_flops(macs: list[int], q_count: int) -> int:
+    """FLOPs layer-wise NP needs on a Sequential: per layer j, the prefix up to j once, then the
+    suffix after j for the base and each of the Q queries (PMT Algorithm 1's schedule)."""
+    total = 0
+    for j in range(len(macs)):
+        total += sum(macs[: j + 1]) + (q_count + 1) * sum(macs[j + 1:])
+    return 2 * total
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -116,9 +125,10 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         x = torch.randn(*shape, generator=gen)
         y = torch.randint(0, 10, (BATCH,), generator=gen)
         obj = Objective(model, x, y)
-        flops_fwd = 2 * forward_macs(model, x)
+        macs = layer_macs(model, x)
+        flops_fwd = 2 * sum(macs)
         d = sum(p.numel() for p in model.parameters())
-        n_layers = sum(isinstance(m, (nn.Linear, nn.Conv2d)) for m in model.modules())
+        n_layers = len(macs)
 
         t_fwd = median_seconds(lambda: obj(), repeats)
         buf = torch.empty(d)
@@ -143,20 +153,22 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             row("ZO step throughput", "MeZO-style reference loop", s, "directions/s", dirs_mezo)
             row("ZO step throughput", "MeZO-style reference loop", s, "useful GFLOP/s",
                 2 * q_count * flops_fwd / t_mezo / 1e9)
+            wp_flops = (q_count + 1) * flops_fwd
+            np_flops = node_perturbation_flops(macs, q_count)
             methods = [
-                ("weight perturbation, lean", rge(q_count, 1e-3), "lean", q_count, q_count + 1),
-                ("weight perturbation, batched", rge(q_count, 1e-3), "batched", q_count, q_count + 1),
+                ("weight perturbation, lean", rge(q_count, 1e-3), "lean", q_count, wp_flops),
+                ("weight perturbation, batched", rge(q_count, 1e-3), "batched", q_count, wp_flops),
                 ("node perturbation, lean", node_perturbation(q_count, 1e-3), "lean",
-                 q_count * n_layers, n_layers * (q_count + 1)),
+                 q_count * n_layers, np_flops),
                 ("node perturbation, batched", node_perturbation(q_count, 1e-3), "batched",
-                 q_count * n_layers, n_layers * (q_count + 1)),
+                 q_count * n_layers, np_flops),
             ]
-            for name, est, mode, ndirs, nfwd in methods:
+            for name, est, mode, ndirs, flops in methods:
                 opt = ZOOptimizer(model.parameters(), lr=1e-6, estimator=est, mode=mode, seed=SEED)
                 t = median_seconds(lambda: opt.step(obj), repeats)
                 row("ZO step throughput", name, s, "directions/s", ndirs / t)
                 row("ZO step throughput", name, s, "speedup vs MeZO-style loop", ndirs / t / dirs_mezo)
-                row("ZO step throughput", name, s, "useful GFLOP/s", nfwd * flops_fwd / t / 1e9)
+                row("ZO step throughput", name, s, "useful GFLOP/s", flops / t / 1e9)
     extra = {"threads": 1, "repeats": repeats, "statistic": "median seconds per step",
              "gemm_gflops": gemm_gflops}
     return rows, extra

@@ -21,21 +21,12 @@ devices such as CUDA.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 
+from ._kernels import fill_kernel
 from ._validation import SIGNED_INT_DTYPES, check_int, check_seed64, check_shape
 from .splitmix import GOLDEN, MIX_MUL1, MIX_MUL2, mix64, to_int64
-
-_G = np.uint64(GOLDEN)
-_M1 = np.uint64(MIX_MUL1)
-_M2 = np.uint64(MIX_MUL2)
-_U1 = np.uint64(1)
-_U63 = np.uint64(63)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 
 _MAX_OFFSET = 2**62
 
@@ -45,43 +36,6 @@ _BACKENDS = ("auto", "numba", "torch")
 def counter_key(seed: int) -> int:
     """The 64-bit stream key for ``seed`` (an int in [0, 2**64 - 1])."""
     return mix64(check_seed64(seed) + GOLDEN)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def block_hash(key, block):  # pragma: no cover - compiled
-    """SplitMix64 output ``block`` of state ``key``: the 64 sign bits of block ``block``."""
-    z = key + (np.uint64(block) + _U1) * _G
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def sign_bit(key, index):  # pragma: no cover - compiled
-    """Bit for global element ``index`` (1 means -1)."""
-    h = block_hash(key, index >> 6)
-    return (h >> (np.uint64(index) & _U63)) & _U1
-
-
-# `out` is the unsigned-integer view of the destination; `pos`/`neg` are the bit patterns of
-# +1 and -1 in the destination dtype, so one kernel serves every dtype and the hot loop is a
-# branch-free xor that LLVM vectorises.
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _fill_kernel(out, key, start, pos, neg):  # pragma: no cover - compiled
-    n = out.shape[0]
-    flip = pos ^ neg
-    i = 0
-    while i < n and (start + i) % 64 != 0:
-        out[i] = pos ^ (flip * sign_bit(key, start + i))
-        i += 1
-    while i + 64 <= n:
-        h = block_hash(key, (start + i) >> 6)
-        for k in range(64):
-            out[i + k] = pos ^ (flip * ((h >> np.uint64(k)) & _U1))
-        i += 64
-    while i < n:
-        out[i] = pos ^ (flip * sign_bit(key, start + i))
-        i += 1
 
 
 _UINT_VIEW = {1: (torch.int8, np.uint8), 2: (torch.int16, np.uint16),
@@ -107,7 +61,7 @@ def _fill_numba(flat: torch.Tensor, key: int, offset: int) -> None:
     tview, nview = _UINT_VIEW[flat.dtype.itemsize]
     pos, neg = _sign_patterns(flat.dtype)
     arr = flat.view(tview).numpy().view(nview)
-    _fill_kernel(arr, np.uint64(key), offset, pos, neg)
+    fill_kernel(arr, np.uint64(key), offset, pos, neg)
 
 
 # Blocks per torch chunk: bounds the int64 temporaries at 64 * 2**16 * 8 B = 32 MiB.
@@ -118,7 +72,7 @@ _MASK33 = (1 << 33) - 1
 
 
 def _torch_block_hash(blocks: torch.Tensor, key: int) -> torch.Tensor:
-    """``block_hash`` on int64 tensors: multiplies wrap mod 2**64 like uint64, and the arithmetic
+    """``_kernels.block_hash`` on int64 tensors: multiplies wrap mod 2**64 like uint64, and the arithmetic
     right shifts are masked to act as logical shifts."""
     z = (blocks + 1) * to_int64(GOLDEN) + to_int64(key)
     z = (z ^ ((z >> 30) & _MASK34)) * to_int64(MIX_MUL1)

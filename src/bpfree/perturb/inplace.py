@@ -31,15 +31,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
+from ._kernels import perturb_f32_kernel, restore_f32_kernel
 from ._validation import check_finite_real, check_int
-from .counter import block_hash, counter_key
+from .counter import counter_key
 from .distributions import Distribution, Rademacher, get_distribution
-
-_U1 = np.uint64(1)
 
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHECKED_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.uint8)
@@ -75,57 +73,6 @@ class Repair:
 
 def _index_dtype(n: int):
     return (np.int32, torch.int32) if n < 2**31 else (np.int64, torch.int64)
-
-
-# --- fused CPU float32 kernels ----------------------------------------------------------------
-
-# Processes elements [start, n) and stops early, returning (count, next element), when the
-# repair buffers are full; the caller grows them and resumes. Growing inside the kernel instead
-# (reassigning the arrays in the loop) made it ~15x slower.
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _perturb_f32_kernel(p, pbits, key, a, idx, vals, start, count):  # pragma: no cover
-    n = p.shape[0]
-    cap = idx.shape[0]
-    na = -a
-    base = start - start % 64
-    k0 = start - base
-    while base < n:
-        h = block_hash(key, base >> 6)
-        m = min(64, n - base)
-        for k in range(k0, m):
-            i = base + k
-            d = na if (h >> np.uint64(k)) & _U1 else a
-            x = p[i]
-            ob = pbits[i]
-            q = x + d
-            p[i] = q
-            r = q - d
-            # Compared as floats plus the one case float equality misses: -0.0 comes back as
-            # +0.0 (x - x = +0 in round-to-nearest). NaN != NaN, so NaNs are always recorded.
-            if r != x or (x == 0 and ob != 0):
-                idx[count] = i
-                vals[count] = ob
-                count += 1
-                if count == cap:
-                    return count, i + 1
-        base += 64
-        k0 = 0
-    return count, n
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _restore_f32_kernel(p, pbits, key, a, idx, vals):  # pragma: no cover - compiled
-    n = p.shape[0]
-    na = -a
-    for b in range((n + 63) // 64):
-        h = block_hash(key, b)
-        base = b * 64
-        m = min(64, n - base)
-        for k in range(m):
-            d = na if (h >> np.uint64(k)) & _U1 else a
-            p[base + k] = p[base + k] - d
-    for j in range(idx.shape[0]):
-        pbits[idx[j]] = vals[j]
 
 
 def _fused_ok(t: torch.Tensor, dist: Distribution) -> bool:
@@ -229,11 +176,11 @@ def perturb_(t: torch.Tensor, dist: Distribution | str, seed: int, alpha: float)
             idx, vals = np.empty(cap, np_idx), np.empty(cap, np.int32)
             p, pbits = flat.numpy(), flat.view(torch.int32).numpy()
             ckey, a = np.uint64(counter_key(seed)), np.float32(alpha)
-            count, pos = _perturb_f32_kernel(p, pbits, ckey, a, idx, vals, 0, 0)
+            count, pos = perturb_f32_kernel(p, pbits, ckey, a, idx, vals, 0, 0)
             while pos < n:
                 idx = np.concatenate([idx, np.empty_like(idx)])
                 vals = np.concatenate([vals, np.empty_like(vals)])
-                count, pos = _perturb_f32_kernel(p, pbits, ckey, a, idx, vals, pos, count)
+                count, pos = perturb_f32_kernel(p, pbits, ckey, a, idx, vals, pos, count)
             # Copy so the (possibly much larger) growth buffers are freed.
             return Repair(indices=torch.from_numpy(idx[:count].copy()),
                           values=torch.from_numpy(vals[:count].copy()),
@@ -289,7 +236,7 @@ def restore_(t: torch.Tensor, dist: Distribution | str, seed: int, alpha: float,
             return out
         if _fused_ok(t, dist):
             flat = t.view(-1)
-            _restore_f32_kernel(flat.numpy(), flat.view(torch.int32).numpy(),
+            restore_f32_kernel(flat.numpy(), flat.view(torch.int32).numpy(),
                                 np.uint64(counter_key(seed)), np.float32(alpha),
                                 repair.indices.numpy(), repair.values.numpy())
             return out
