@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from bpfree.estimators import node_perturbation, rge
+from bpfree.models import mnist_cnn, mnist_mlp
 from bpfree.objective import Objective
 from bpfree.optim import ZOOptimizer
 from bpfree.perturb import get_distribution
@@ -30,16 +31,6 @@ NAME = "throughput"
 DESCRIPTION = __doc__.split("\n\n")[0]
 SEED = 0
 BATCH = 64
-
-
-def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 10))
-
-
-def cnn() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
 
 
 def layer_macs(model: nn.Module, x: torch.Tensor) -> list[int]:
@@ -116,8 +107,8 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     gemm_gflops = 2 * 1024 ** 3 / gemm / 1e9
     row("machine", "fp32 GEMM 1024x1024x1024", "1 thread", "GFLOP/s", gemm_gflops)
 
-    cases = [("MLP 784-1024-10", mlp, (BATCH, 784), (16, 64))]
-    cases.append(("CNN 2conv+fc", cnn, (BATCH, 1, 28, 28), (16,) if quick else (16, 64)))
+    cases = [("MLP 784-1024-10", mnist_mlp, (BATCH, 784), (16, 64))]
+    cases.append(("CNN 2conv+fc", mnist_cnn, (BATCH, 1, 28, 28), (16,) if quick else (16, 64)))
     fast = get_distribution("rademacher")
     for label, build, shape, qs in cases:
         torch.manual_seed(SEED)

@@ -8,7 +8,8 @@ minute on two CPU cores and with no network:
 2. the deployed sensor drifts: inputs lose contrast, gain a brightness offset and Gaussian
    noise, and accuracy drops;
 3. adapt on the device, BP-free: layer-wise node perturbation (PMT Eq. 9–10) with
-   gradient-norm scaling (PMT Eq. 8), evaluated as stacked forwards;
+   gradient-norm scaling (PMT Eq. 8), in the memory-lean mode (directions regenerated from
+   seeds, layer inputs computed once, only the suffix after the perturbed layer re-run);
 4. report accuracy before and after, forward passes used, and the measured peak extra
    memory of a training step over plain inference.
 """
@@ -24,12 +25,14 @@ import torch
 from torch import nn
 
 from .estimators import get_estimator
+from .models import digits_mlp
 from .objective import Objective
 from .optim import ZOOptimizer
 from .transforms import gradient_norm_scaling
 
 DEFAULTS = dict(seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
-                estimator="node_perturbation", noise=0.2, contrast=0.5, brightness=0.3)
+                estimator="node_perturbation", noise=0.2, contrast=0.5, brightness=0.3,
+                mode="lean")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="contrast factor of the sensor drift (1 = unchanged)")
     parser.add_argument("--brightness", type=float, default=DEFAULTS["brightness"],
                         help="brightness offset of the sensor drift (0 = unchanged)")
+    parser.add_argument("--mode", default=DEFAULTS["mode"], choices=["lean", "batched"],
+                        help="lean: perturb in place, O(Q) extra memory; batched: stacked forwards")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -87,19 +92,19 @@ def pretrain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed: int, e
 
 def run(*, seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
         estimator="node_perturbation", noise=0.2, contrast=0.5, brightness=0.3,
-        progress=True) -> dict:
+        mode="lean", progress=True) -> dict:
     """Run the whole demo and return its results (see module docstring)."""
     from tqdm.auto import tqdm
 
     from .data import load_digits_split
-    from .memory import measure_peak
+    from .memory import analytic, measure_peak
 
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch-size must be >= 1, got {epochs} and {batch_size}")
     start = time.perf_counter()
     torch.manual_seed(seed)
     x_tr, y_tr, x_te, y_te = (torch.as_tensor(a) for a in load_digits_split(seed=seed))
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    model = digits_mlp()
     pretrain(model, x_tr, y_tr, seed=seed)
     clean_acc = accuracy(model, x_te, y_te)
 
@@ -109,7 +114,7 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
 
     est_options = {"num_queries": queries, "mu": mu}
     opt = ZOOptimizer(model.parameters(), lr=lr, estimator=get_estimator(estimator, **est_options),
-                      transforms=[gradient_norm_scaling()], mode="batched", seed=seed)
+                      transforms=[gradient_norm_scaling()], mode=mode, seed=seed)
 
     # Memory: one training step against plain inference on the same batch, measured.
     probe = Objective(model, xc_tr[:batch_size], y_tr[:batch_size])
@@ -130,6 +135,11 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
                 bar.set_postfix(loss=f"{loss:.3f}")
                 bar.update()
     acc_after = accuracy(model, xc_te, y_te)
+    # The same figure from the analytic rules (PMT Table 3, per layer), for comparison.
+    family = "zo_np" if estimator == "node_perturbation" else "zo_wp"
+    example = xc_tr[:batch_size]
+    rule = analytic(model, f"{family}_{mode}", example_input=example, num_queries=queries)
+    base = analytic(model, "inference", example_input=example)
     return {
         "acc_clean": clean_acc,
         "acc_before": acc_before,
@@ -138,13 +148,15 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
         "peak_extra_bytes": max(0, int(step_mem.peak_bytes) - int(infer_mem.peak_bytes)),
         "train_step_peak_bytes": int(step_mem.peak_bytes),
         "inference_peak_bytes": int(infer_mem.peak_bytes),
+        "analytic_extra_bytes": rule.total - base.total,
+        "analytic_rule": rule.method,
         "steps": opt.step_count,
         "final_loss": losses[-1],
         "seconds": time.perf_counter() - start,
         "seed": seed,
         "config": {"estimator": estimator, "queries": queries, "mu": mu, "lr": lr, "epochs": epochs,
                    "batch_size": batch_size, "noise": noise, "contrast": contrast, "brightness": brightness,
-                   "mode": "batched", "transforms": ["gradient_norm_scaling"]},
+                   "mode": mode, "transforms": ["gradient_norm_scaling"]},
     }
 
 
@@ -161,6 +173,7 @@ def format_table(r: dict) -> str:
         ("peak memory, plain inference", kib(r["inference_peak_bytes"])),
         ("peak memory, one training step", kib(r["train_step_peak_bytes"])),
         ("peak extra memory of training over inference", kib(r["peak_extra_bytes"])),
+        (f"  same, analytic ({r['analytic_rule']} rule, PMT Table 3)", kib(r["analytic_extra_bytes"])),
         ("wall time", f"{r['seconds']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -176,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
     result = run(seed=args.seed, epochs=args.epochs, batch_size=args.batch_size,
                  queries=args.queries, mu=args.mu, lr=args.lr, estimator=args.estimator,
                  noise=args.noise, contrast=args.contrast, brightness=args.brightness,
-                 progress=not args.no_progress)
+                 mode=args.mode, progress=not args.no_progress)
     print(format_table(result))
     if args.json:
         path = Path(args.json)
