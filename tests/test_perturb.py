@@ -566,3 +566,16 @@ def test_perturb_validation():
         restore_(t[:50], "rademacher", 1, 1e-3, repair)
     restore_(t, get_distribution("rademacher"), 1, 1e-3, repair)
     assert _bit_equal(t, original)
+
+
+@pytest.mark.parametrize("name", ["rademacher", "gaussian", "rademacher_xorshift"])
+def test_add_direction_writes_what_perturb_writes(name):
+    from bpfree.perturb import add_direction_, get_distribution, perturb_
+
+    dist = get_distribution(name)
+    base = torch.randn(1000, generator=torch.Generator().manual_seed(4)) * 0.05
+    a, b = base.clone(), base.clone()
+    perturb_(a, dist, 77, -3e-3)
+    add_direction_(b, dist, 77, -3e-3)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, base)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..estimators import QueryContext, get_estimator, materialize
 from ..objective import Objective
-from ..perturb import derive_seed, get_distribution, perturb_
+from ..perturb import add_direction_, derive_seed, get_distribution
 from ..transforms import TensorInfo, split_transforms
 from .params import owners
 
@@ -195,7 +195,7 @@ class ZOOptimizer(torch.optim.Optimizer):
                 if w == 0.0:
                     continue
                 for j, p in enumerate(params):
-                    perturb_(p.data, self.distribution, est.seeds[k][j], -lrs[j] * w)
+                    add_direction_(p.data, self.distribution, est.seeds[k][j], -lrs[j] * w)
             return True
         grads = est.grads if not est.is_lazy else materialize(params, self.distribution,
                                                               est.weights, est.seeds)

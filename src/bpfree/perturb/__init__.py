@@ -34,7 +34,7 @@ from .gaussian import (
     quantized_second_moment,
     rademacher_torch,
 )
-from .inplace import Repair, perturb_, restore_
+from .inplace import Repair, add_direction_, perturb_, restore_
 from .seeds import derive_seed
 from .xorshift import rademacher_xorshift, xorshift32
 
@@ -47,6 +47,7 @@ __all__ = [
     "RademacherTorch",
     "RademacherXorshift",
     "Repair",
+    "add_direction_",
     "dequantize",
     "derive_seed",
     "fill_rademacher_",

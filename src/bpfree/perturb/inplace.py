@@ -250,3 +250,36 @@ def restore_(t: torch.Tensor, dist: Distribution | str, seed: int, alpha: float,
             else:
                 t.view(iview)[_flat_positions(t, idx)] = vals
     return out
+
+
+def add_direction_(t: torch.Tensor, dist: Distribution | str, seed: int, alpha: float) -> torch.Tensor:
+    """``t += alpha * xi(seed)`` in place, with no undo record (for updates, not probes).
+
+    The optimizer's seed-replayed update ``θ ← θ − η Σ_k w_k ξ_k`` never needs restoring, so it
+    skips :func:`perturb_`'s round-trip check; the values written are bit-identical to those
+    ``perturb_`` would write. Returns ``t``.
+    """
+    t = _check_tensor(t)
+    dist = get_distribution(dist)
+    seed = dist.check_seed(seed)
+    alpha = _check_alpha(alpha, t)
+    if not t.dtype.is_floating_point:
+        perturb_(t, dist, seed, alpha)
+        return t
+    with torch.no_grad():
+        target = t.detach()
+        if target.numel() == 0:
+            return t
+        if _fused_ok(target, dist):
+            flat = target.view(-1)
+            # The restore kernel computes p − a·ξ; with a = −alpha that is p + alpha·ξ.
+            restore_f32_kernel(flat.numpy(), flat.view(torch.int32).numpy(),
+                               np.uint64(counter_key(seed)), np.float32(-alpha),
+                               _NO_INDICES, _NO_VALUES)
+        else:
+            target.add_(_float_delta(target, dist, seed, alpha))
+    return t
+
+
+_NO_INDICES = np.empty(0, dtype=np.int32)
+_NO_VALUES = np.empty(0, dtype=np.int32)
