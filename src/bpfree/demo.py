@@ -123,7 +123,8 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
     losses = []
     total = epochs * ((len(xc_tr) + batch_size - 1) // batch_size)
     step_mem = None
-    with tqdm(total=total, desc="BP-free adaptation", disable=not progress, unit="step") as bar:
+    with tqdm(total=total, desc="BP-free adaptation", disable=not progress, unit="step",
+              mininterval=0.5) as bar:
         for _ in range(epochs):
             for idx in torch.randperm(len(xc_tr), generator=gen).split(batch_size):
                 obj = Objective(model, xc_tr[idx], y_tr[idx])
@@ -132,7 +133,7 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=16, mu=1e-2, lr=0.3,
                 else:
                     loss = opt.step(obj)
                 losses.append(loss)
-                bar.set_postfix(loss=f"{loss:.3f}")
+                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
                 bar.update()
     acc_after = accuracy(model, xc_te, y_te)
     # The same figure from the analytic rules (PMT Table 3, per layer), for comparison.
