@@ -4,15 +4,23 @@
   given folder, ``$BPFREE_DATA/<kind>`` or the project's staged ``shared/data/<kind>``.
 * :func:`read_idx` -- any IDX file, gzip-compressed or raw.
 * :func:`load_digits_split` -- scikit-learn's bundled 8x8 digits, split for quick runs.
+* :func:`corrupt`, :func:`list_corruptions` -- MNIST-C / CIFAR-10-C style corruptions,
+  severities 1–5, deterministic per image and seed.
 * :func:`default_data_root` / :func:`require_data_root` -- where a dataset lives; the latter
   skips a pytest test with a reason when it is absent.
 """
 
+from .corruptions import CORRUPTIONS, corrupt, list_corruptions, preview_grid, severity_params
 from .digits import load_digits_split
 from .idx import IDX_KINDS, IdxError, load_mnist, mnist_files, read_idx
 from .paths import DATA_ENV_VAR, candidate_roots, default_data_root, require_data_root
 
 __all__ = [
+    "CORRUPTIONS",
+    "corrupt",
+    "list_corruptions",
+    "preview_grid",
+    "severity_params",
     "DATA_ENV_VAR",
     "IDX_KINDS",
     "IdxError",
