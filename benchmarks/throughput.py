@@ -15,12 +15,10 @@ divided by the step's wall time, next to the machine's measured fp32 GEMM rate.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 from torch import nn
 
+from bpfree.bench.environment import gemm_peak_flops, median_seconds
 from bpfree.estimators import node_perturbation, rge
 from bpfree.models import mnist_cnn, mnist_mlp
 from bpfree.objective import Objective
@@ -60,16 +58,6 @@ def node_perturbation_flops(macs: list[int], q_count: int) -> int:
     return 2 * total
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (numba compilation, allocator)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def mezo_step(model: nn.Module, obj: Objective, q_count: int, mu: float, lr: float, step: int) -> None:
     """MeZO-style reference: perturb, forward, negate, forward, restore, update (torch.randn)."""
     params = list(model.parameters())
@@ -102,9 +90,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                      "value": float(value), "paper": None})
 
     # Machine reference: fp32 GEMM rate on one thread.
-    a, b = torch.randn(1024, 1024, generator=gen), torch.randn(1024, 1024, generator=gen)
-    gemm = median_seconds(lambda: a @ b, repeats)
-    gemm_gflops = 2 * 1024 ** 3 / gemm / 1e9
+    gemm_gflops = gemm_peak_flops(1024, repeats=repeats) / 1e9
     row("machine", "fp32 GEMM 1024x1024x1024", "1 thread", "GFLOP/s", gemm_gflops)
 
     cases = [("MLP 784-1024-10", mnist_mlp, (BATCH, 784), (16, 64))]
@@ -121,15 +107,13 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         d = sum(p.numel() for p in model.parameters())
         n_layers = len(macs)
 
-        t_fwd = median_seconds(lambda: obj(), repeats)
-        buf = torch.empty(d)
-        t_dir = median_seconds(lambda: fast.sample(123, (d,)), repeats)
-        t_randn = median_seconds(lambda: torch.randn(d, generator=gen), repeats)
+        t_fwd = median_seconds(lambda: obj(), repeats=repeats)
+        t_dir = median_seconds(lambda: fast.sample(123, (d,)), repeats=repeats)
+        t_randn = median_seconds(lambda: torch.randn(d, generator=gen), repeats=repeats)
         setting = f"{label}, d={d:,}, batch {BATCH}"
         row("one direction vs one forward", "forward pass", setting, "ms", t_fwd * 1e3)
         row("one direction vs one forward", "direction, bpfree fast Rademacher", setting, "ms", t_dir * 1e3)
         row("one direction vs one forward", "direction, torch.randn", setting, "ms", t_randn * 1e3)
-        del buf
 
         for q_count in qs:
             s = f"{label}, Q={q_count}, batch {BATCH}"
@@ -139,7 +123,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                 counter["t"] += 1
                 mezo_step(model, obj, q_count, 1e-3, 1e-6, counter["t"])
 
-            t_mezo = median_seconds(mezo, repeats)
+            t_mezo = median_seconds(mezo, repeats=repeats)
             dirs_mezo = q_count / t_mezo
             row("ZO step throughput", "MeZO-style reference loop", s, "directions/s", dirs_mezo)
             row("ZO step throughput", "MeZO-style reference loop", s, "useful GFLOP/s",
@@ -156,7 +140,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             ]
             for name, est, mode, ndirs, flops in methods:
                 opt = ZOOptimizer(model.parameters(), lr=1e-6, estimator=est, mode=mode, seed=SEED)
-                t = median_seconds(lambda: opt.step(obj), repeats)
+                t = median_seconds(lambda: opt.step(obj), repeats=repeats)
                 row("ZO step throughput", name, s, "directions/s", ndirs / t)
                 row("ZO step throughput", name, s, "speedup vs MeZO-style loop", ndirs / t / dirs_mezo)
                 row("ZO step throughput", name, s, "useful GFLOP/s", flops / t / 1e9)

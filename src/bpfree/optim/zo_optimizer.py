@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -219,6 +219,3 @@ class ZOOptimizer(torch.optim.Optimizer):
         state_dict["state"] = {k: (copy.deepcopy(v) if isinstance(k, str) else v)
                                for k, v in state_dict["state"].items()}
         super().load_state_dict(state_dict)
-
-    def stats_dict(self) -> dict:
-        return asdict(self.last_stats) if self.last_stats else {}
