@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -326,3 +327,253 @@ def test_memory_report_table_lists_every_part(mlp_profile):
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536) == "1.50 KiB"
     assert format_bytes(3 * 1024 * 1024) == "3.00 MiB"
+
+
+# --------------------------------------------------------------------------- int8 MCU rules
+# (PMT Table 3 / Algorithm 1, MeZO, CGE, BP on the int8 graph) and MACs per iteration.
+#
+# The hand-counted conv model: Conv2d(1,4,3,pad 1) -> ReLU -> Flatten -> Linear(144,2) on
+# 1x6x6. Per sample: conv d_w 36+4=40 < d_a 144 -> WP; linear d_w 288+2=290 >= d_a 2 -> NP.
+# Live (input + output) per layer: 36+144, 144+144, 144 (Flatten aliases), 144+2.
+# MACs per sample: conv 6*6*4*1*3*3 = 1296, linear 144*2 = 288, total 1584.
+
+from bpfree.memory import macs_per_iteration, method_defaults, pmt_modes  # noqa: E402
+
+CN, CQ = 2, 3  # batch N and queries Q of the hand counts
+CONV_MACS, LIN_MACS = 1296, 288
+C_PARAMS_INT8 = (36 + 288) * 1 + (4 + 2) * 4  # int8 weights, int32 biases = 348
+C_INFER = 288 * CN  # max live per sample (ReLU: 144 in + 144 out) x N, 1 B = 576
+
+
+def _conv_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(144, 2))
+
+
+@pytest.fixture(scope="module")
+def conv_profile():
+    return profile_model(_conv_model(), torch.zeros(1, 1, 6, 6))
+
+
+def test_pmt_hand_counts(conv_profile):
+    assert pmt_modes(conv_profile) == {"0": "WP", "3": "NP"}
+    r = analytic(conv_profile, "pmt", batch_size=CN, num_queries=CQ)
+    # WP layer 0 keeps a^(0) (N*36) while layers 0.. run again: 72 + max live after (576).
+    wp_peak = max(180 * CN, 36 * CN + 288 * CN)  # 648
+    # NP layer 3 keeps a^(3) (N*144) and its perturbed output (N*2); nothing runs after it.
+    np_peak = 144 * CN + 2 * CN  # 292
+    assert r.parts == {
+        "parameters": C_PARAMS_INT8,
+        "trainable_copy": 0,
+        "activations": C_INFER,
+        "gradient_buffers": 290 * 4,  # largest trainable layer's d_w, fp32 accumulator
+        "optimizer_state": 0,
+        # 1 seed; clean losses: N (an NP layer exists) + the NP layer's N*Q sample losses.
+        "seeds_losses": 1 * 4 + (CN + CN * CQ) * 4,
+        "saved_activations": max(wp_peak, np_peak) - C_INFER,
+    }
+    assert r.total == 348 + 576 + 1160 + 36 + 72 == 2192
+
+
+def test_mezo_cge_hand_counts(conv_profile):
+    mezo = analytic(conv_profile, "mezo", batch_size=CN, num_queries=CQ)
+    assert mezo.total == C_PARAMS_INT8 + C_INFER + CQ * 4 + (CQ + 1) * 4 == 952
+    assert mezo.parts["gradient_buffers"] == 0
+    cge = analytic(conv_profile, "cge", batch_size=CN, num_queries=CQ, coordinates=5)
+    assert cge.parts["seeds_losses"] == 4 + (5 + 1) * 4
+    assert analytic(conv_profile, "cge", batch_size=CN, num_queries=CQ).parts[
+        "seeds_losses"] == 4 + (CQ + 1) * 4
+
+
+def test_bp_int8_and_sparse_bp_hand_counts(conv_profile):
+    bp = analytic(conv_profile, "bp-int8", batch_size=CN)
+    assert bp.parts["parameters"] == C_PARAMS_INT8
+    assert bp.parts["activations"] == (36 + 144 + 144) * CN  # inputs of conv, ReLU, linear, int8
+    assert bp.parts["activation_gradients"] == C_INFER * 4  # fp32
+    assert bp.parts["gradient_buffers"] == (40 + 290) * 4
+    assert bp.total == 4620
+
+    sparse = analytic(conv_profile, "sparse-bp", batch_size=CN, trainable=["3"])
+    assert sparse.parts["activations"] == 144 * CN  # only the trained linear's input
+    assert sparse.parts["activation_gradients"] == (144 + 2) * CN * 4
+    assert sparse.parts["gradient_buffers"] == 290 * 4
+    assert sparse.total == 348 + 288 + 1168 + 1160 == 2964
+    # Bias-only training keeps no input at all (grad b = grad z).
+    bias_only = analytic(conv_profile, "sparse-bp", batch_size=CN, trainable=["3.bias"])
+    assert bias_only.parts["activations"] == 0
+    assert bias_only.parts["gradient_buffers"] == 2 * 4
+
+
+def test_macs_per_iteration_hand_counts(conv_profile):
+    m = CONV_MACS + LIN_MACS
+    assert [layer.macs for layer in conv_profile.layers] == [CONV_MACS, 0, 0, LIN_MACS]
+    assert conv_profile.macs == m
+    macs = lambda method, **kw: macs_per_iteration(conv_profile, method, CN, CQ, **kw)  # noqa: E731
+    assert macs("inference") == CN * m
+    # Clean forward + layer-wise forward + WP layer 0: Q*N*(all layers) + recompute conv;
+    # NP layer 3: Q*N*(nothing after it) + recompute linear.
+    assert macs("pmt") == CN * m + CN * m + CQ * CN * m + CN * CONV_MACS + 0 + CN * LIN_MACS
+    assert macs("pmt") == 19008
+    assert macs("mezo") == (CQ + 1) * CN * m
+    assert macs("cge", coordinates=5) == 6 * CN * m
+    assert macs("bp-int8") == CN * (m + LIN_MACS + m) == 3 * CN * m - CN * CONV_MACS
+    assert macs("sparse-bp", trainable=["3"]) == CN * (m + LIN_MACS)
+    # Sparse PMT: only the linear trains; no WP suffix, its recompute only.
+    assert macs("pmt-sparse", trainable=["3"]) == CN * m + CN * m + CN * LIN_MACS
+
+
+def test_layer_macs_match_formula():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1),  # 9x9 -> 5x5
+                          nn.Conv2d(8, 8, 3, padding=1, groups=8),   # depthwise
+                          nn.Flatten(), nn.Linear(200, 7))
+    p = profile_model(model, torch.zeros(2, 3, 9, 9))
+    conv, dw, _, lin = p.layers
+    assert conv.macs == 5 * 5 * 8 * 3 * 3 * 3
+    assert dw.macs == 5 * 5 * 8 * (8 // 8) * 3 * 3
+    assert lin.macs == 200 * 7
+    seq = profile_model(nn.Linear(6, 4), torch.zeros(2, 5, 6))  # 5 positions per sample
+    assert seq.layers[0].macs == 5 * 6 * 4
+
+
+def test_fold_batchnorm_moves_shift_into_conv_bias():
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU6())
+    p = profile_model(model, torch.zeros(1, 2, 5, 5))
+    f = p.fold_batchnorm()
+    assert [layer.type for layer in f.layers] == ["Conv2d", "ReLU6"]
+    assert f.parameter_numel == {"0.weight": 72, "0.bias": 4}
+    assert f.layers[0].d_w == 76 and f.layers[0].bias_numel == 4
+    assert f.folded_batchnorm == ("1",)
+    assert f.parameter_bytes == 76 * 4
+    assert f.fold_batchnorm() is f  # idempotent
+    assert profile_model(model, torch.zeros(1, 2, 5, 5), fold_bn=True).parameter_numel == \
+        f.parameter_numel
+    assert p.num_parameters == 72 + 8  # the unfolded profile is unchanged
+
+
+class _ConvBnTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(2, 4, 3, bias=False), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y  # the conv output is read twice: folding would change it
+
+
+def test_fold_batchnorm_leaves_shared_conv_output_alone():
+    p = profile_model(_ConvBnTwice(), torch.zeros(1, 2, 5, 5))
+    assert p.fold_batchnorm() is p
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
+def test_residual_skip_is_held_across_the_block():
+    p = profile_model(nn.Sequential(_Residual()), torch.zeros(3, 4))
+    assert [layer.name for layer in p.layers] == ["0.body.0", "0.body.1", "0.body.2", "0:add"]
+    assert p.layers[-1].type == "add" and p.layers[-1].input_shapes == ((3, 4), (3, 4))
+    # x (3x4) is read by the first linear and again by the add: held across ReLU and Linear.
+    assert [layer.held_numel for layer in p.layers] == [0, 12, 12, 0]
+    assert p.inference_peak_numel == 3 * 16 + 3 * 16 + 12
+    # Without functional tracing the add is invisible (the old behaviour).
+    assert profile_model(nn.Sequential(_Residual()), torch.zeros(3, 4),
+                         functional=False).inference_peak_numel == 3 * 16 + 3 * 16
+
+
+@pytest.fixture(scope="module")
+def mobilenet_profile():
+    from bpfree.models import get_model
+
+    spec = get_model("mnist-mobilenet")
+    return profile_model(spec.build(), torch.zeros(1, *spec.input_shape))
+
+
+def test_pmt_modes_are_dw_lt_da_on_mobilenet(mobilenet_profile):
+    folded = mobilenet_profile.fold_batchnorm()
+    assert not any(layer.type == "BatchNorm2d" for layer in folded.layers)
+    modes = pmt_modes(mobilenet_profile)
+    assert modes and set(modes.values()) == {"WP", "NP"}
+    for layer in folded.layers:
+        if layer.parameter_numel:
+            assert modes[layer.name] == ("WP" if layer.d_w < layer.d_a else "NP")
+    # Residual blocks (1 and 3) show up as add layers.
+    assert [layer.name for layer in folded.layers if layer.type == "add"] == ["1:add", "3:add"]
+
+
+def test_pmt_is_leaner_than_bp_int8_on_mobilenet(mobilenet_profile):
+    kw = dict(batch_size=16, num_queries=8)
+    pmt = analytic(mobilenet_profile, "pmt", **kw)
+    bp8 = analytic(mobilenet_profile, "bp-int8", **kw)
+    inference8 = analytic(mobilenet_profile, "inference", dtype_bytes=1, fold_bn=True, **kw)
+    assert inference8.total < pmt.total < bp8.total
+    assert pmt.parts["activations"] == inference8.parts["activations"]
+    sparse = analytic(mobilenet_profile, "pmt-sparse", trainable=["4.*", "5.*"], **kw)
+    assert sparse.total <= pmt.total
+    assert macs_per_iteration(mobilenet_profile, "pmt-sparse", 16, 8, trainable=["4.*"]) < \
+        macs_per_iteration(mobilenet_profile, "pmt", 16, 8)
+    assert analytic(mobilenet_profile, "sparse-bp", trainable="8", **kw).total < bp8.total
+
+
+def test_method_defaults_and_trainable_globs(mobilenet_profile):
+    assert method_defaults("pmt") == {"dtype_bytes": 1, "fold_bn": True, "has_macs": True}
+    assert method_defaults("bp")["dtype_bytes"] == 4 and not method_defaults("bp")["fold_bn"]
+    folded = mobilenet_profile.fold_batchnorm()
+    weights = sum(n for k, n in folded.parameter_numel.items() if not k.endswith("bias"))
+    biases = folded.num_parameters - weights
+    assert analytic(mobilenet_profile, "mezo").parts["parameters"] == weights + 4 * biases
+    one_block = analytic(mobilenet_profile, "sparse-bp", trainable=["4.*"])
+    assert one_block.parts["gradient_buffers"] == 4 * sum(
+        n for k, n in folded.parameter_numel.items() if k.startswith("4."))
+    with pytest.raises(ValueError, match="matches no parameter"):
+        analytic(mobilenet_profile, "pmt", trainable=["nothing*"])
+    with pytest.raises(ValueError, match="not registered"):
+        macs_per_iteration(mobilenet_profile, "nope", 1, 1)
+    with pytest.raises(ValueError, match="num_queries"):
+        macs_per_iteration(mobilenet_profile, "pmt", 4, 0)
+    with pytest.raises(ValueError, match="coordinates"):
+        analytic(mobilenet_profile, "cge", coordinates=0)
+
+
+def test_macs_per_iteration_needs_a_macs_rule(monkeypatch, mlp_profile):
+    monkeypatch.setattr(rules_module, "_RULES", dict(rules_module._RULES))
+    register_rule("no_macs", lambda profile, **kw: MemoryReport("no_macs", {"parameters": 1}))
+    with pytest.raises(ValueError, match="no MACs rule"):
+        macs_per_iteration(mlp_profile, "no_macs", 1, 1)
+
+
+def test_memory_cli_pmt_on_mobilenet(tmp_path, capsys):
+    from bpfree import cli
+
+    assert cli.main(["memory", "--model", "mnist-mobilenet", "--method", "pmt"]) == 0
+    out = capsys.readouterr().out
+    assert "method pmt" in out and "MACs per iteration" in out and "1 B/value" in out
+    path = tmp_path / "mem.json"
+    assert cli.main(["memory", "--model", "mnist-mobilenet", "--method", "pmt", "--method",
+                     "bp-int8", "--layers", "--trainable", "4.*", "5.*", "--batch-size", "4",
+                     "--queries", "2", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert " WP " in out and " NP " in out and "BatchNorm folded" in out
+    rows = json.loads(path.read_text())
+    assert [r["method"] for r in rows] == ["pmt", "bp-int8"]
+    from bpfree.models import get_model
+
+    mobilenet = profile_model(get_model("mnist-mobilenet").build(), torch.zeros(1, 1, 28, 28))
+    assert rows[0]["macs_per_iteration"] == macs_per_iteration(
+        mobilenet, "pmt", 4, 2, trainable=["4.*", "5.*"])
+    assert rows[0]["total"] < rows[1]["total"]
+    # Bad input: a pattern matching nothing is a clean error (status 2), as are bad N / method.
+    assert cli.main(["memory", "--model", "mnist-mobilenet", "--method", "pmt",
+                     "--trainable", "nothing*"]) == 2
+    assert "matches no parameter" in capsys.readouterr().err
+    for argv in (["memory", "--batch-size", "0"], ["memory", "--queries", "-1"],
+                 ["memory", "--method", "nope"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2

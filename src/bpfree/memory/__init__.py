@@ -3,7 +3,10 @@
 Two views of the same question:
 
 - analytic — :func:`analytic` applies a method's rule (PMT Table 3, made per-layer) to a
-  :func:`profile_model` of the network; :func:`register_rule` lets each method add its own;
+  :func:`profile_model` of the network; :func:`register_rule` lets each method add its own
+  (built in: inference, bp, zo_*, and the int8 MCU methods pmt, pmt-sparse, mezo, cge,
+  bp-int8, sparse-bp); :func:`macs_per_iteration` gives a method's compute per step and
+  :func:`pmt_modes` PMT's WP/NP choice per layer;
 - measured — :func:`measure_peak` runs one step and reports the peak tensor storage it
   allocated; :func:`peak_extra_bytes` compares a training step with plain inference.
 
@@ -12,10 +15,15 @@ activations, gradient_buffers, optimizer_state, seeds_losses, plus extras).
 """
 
 from .rules import (
+    BIAS_BYTES,
+    GRAD_BYTES,
     LOSS_BYTES,
     NONLINEAR_LAYER_TYPES,
     SEED_BYTES,
     analytic,
+    macs_per_iteration,
+    method_defaults,
+    pmt_modes,
     register_rule,
     registered_rules,
 )
@@ -24,7 +32,9 @@ from .profile import LayerProfile, ModelProfile, profile_model
 from .report import CANONICAL_PARTS, MemoryReport, format_bytes
 
 __all__ = [
+    "BIAS_BYTES",
     "CANONICAL_PARTS",
+    "GRAD_BYTES",
     "LOSS_BYTES",
     "NONLINEAR_LAYER_TYPES",
     "SEED_BYTES",
@@ -35,8 +45,11 @@ __all__ = [
     "PeakMemoryTracker",
     "analytic",
     "format_bytes",
+    "macs_per_iteration",
     "measure_peak",
+    "method_defaults",
     "peak_extra_bytes",
+    "pmt_modes",
     "profile_model",
     "register_rule",
     "registered_rules",

@@ -14,14 +14,24 @@ d_a and d_w come from the profile instead of "L identical layers".
 
 Shared assumptions: every element of parameters and activations takes ``dtype_bytes``;
 seeds are uint32 (4 bytes) and losses fp32 (4 bytes) whatever ``dtype_bytes`` is;
-activations scale linearly with batch; only leaf-module inputs/outputs exist (no skip
-tensors, no kernel workspaces).
+activations scale linearly with batch; the live set of a layer is its input, its output
+and the tensors held across it (a residual skip); no kernel workspaces.
+
+The int8 rules (``pmt``, ``pmt-sparse``, ``mezo``, ``cge``, ``bp-int8``, ``sparse-bp``)
+model the MCU deployment of PMT §3.4 / §4.1: BatchNorm folded into the preceding conv
+(:meth:`~bpfree.memory.profile.ModelProfile.fold_batchnorm`), weights and activations of
+``dtype_bytes`` (default 1, int8), biases int32 (:data:`BIAS_BYTES`), gradient
+accumulators fp32/int32 (:data:`GRAD_BYTES`). Each method registers its defaults
+(:func:`method_defaults`) and, where known, a compute rule: :func:`macs_per_iteration`
+gives the multiply-accumulates of one training iteration.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,10 +41,15 @@ from .profile import LayerProfile, ModelProfile, profile_model
 from .report import MemoryReport
 
 __all__ = [
+    "BIAS_BYTES",
+    "GRAD_BYTES",
     "LOSS_BYTES",
     "NONLINEAR_LAYER_TYPES",
     "SEED_BYTES",
     "analytic",
+    "macs_per_iteration",
+    "method_defaults",
+    "pmt_modes",
     "register_rule",
     "registered_rules",
 ]
@@ -43,6 +58,10 @@ __all__ = [
 SEED_BYTES = 4
 #: A loss value is one fp32 scalar.
 LOSS_BYTES = 4
+#: A bias of the int8 graph is int32 (TinyEngine / TFLite convention).
+BIAS_BYTES = 4
+#: A gradient (or gradient accumulator) value is fp32 or int32.
+GRAD_BYTES = 4
 
 #: Parameter-free layers whose backward needs their input (or output) kept: BP keeps it.
 NONLINEAR_LAYER_TYPES: frozenset[str] = frozenset({
@@ -51,30 +70,75 @@ NONLINEAR_LAYER_TYPES: frozenset[str] = frozenset({
     "Softsign", "Softmax", "LogSoftmax", "Softmin", "Tanhshrink", "GLU", "LogSigmoid",
     "MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
     "AdaptiveMaxPool3d",
+    # The same operations called functionally in a container's forward (profile op names).
+    "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "mish", "sigmoid",
+    "tanh", "hardtanh", "hardswish", "hardsigmoid", "softplus", "softmax", "log_softmax",
+    "max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool2d",
 })
 
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
 Rule = Callable[..., MemoryReport]
-_RULES: dict[str, Rule] = {}
+MacsRule = Callable[..., int]
 
 
-def register_rule(name: str, fn: Rule, *, replace: bool = False) -> None:
+@dataclass(frozen=True)
+class _Method:
+    rule: Rule
+    dtype_bytes: int = 4
+    fold_bn: bool = False
+    macs: MacsRule | None = None
+
+
+_RULES: dict[str, _Method] = {}
+
+
+def register_rule(name: str, fn: Rule, *, replace: bool = False, dtype_bytes: int = 4,
+                  fold_bn: bool = False, macs: MacsRule | None = None) -> None:
     """Register ``fn(profile, **options) -> MemoryReport`` as the rule for method ``name``.
 
     Re-registering an existing name needs ``replace=True`` so two issues cannot silently
-    overwrite each other's rule.
+    overwrite each other's rule. ``dtype_bytes`` and ``fold_bn`` are the method's
+    defaults in :func:`analytic` (1 and True for a method that runs the int8 graph);
+    ``macs(profile, *, batch_size, num_queries, trainable, coordinates) -> int`` is its
+    compute per iteration for :func:`macs_per_iteration`.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if macs is not None and not callable(macs):
+        raise TypeError(f"macs must be callable or None, got {type(macs).__name__}")
+    _positive_int("dtype_bytes", dtype_bytes)
     if name in _RULES and not replace:
         raise ValueError(f"name {name!r} is already registered; pass replace=True to override")
-    _RULES[name] = fn
+    _RULES[name] = _Method(fn, dtype_bytes, bool(fold_bn), macs)
 
 
 def registered_rules() -> tuple[str, ...]:
     """Names of the registered methods, sorted."""
     return tuple(sorted(_RULES))
+
+
+def method_defaults(method: str) -> dict[str, Any]:
+    """``{"dtype_bytes", "fold_bn", "has_macs"}``: what :func:`analytic` uses for ``method``
+    when not told otherwise, and whether :func:`macs_per_iteration` knows it."""
+    entry = _entry(method)
+    return {"dtype_bytes": entry.dtype_bytes, "fold_bn": entry.fold_bn,
+            "has_macs": entry.macs is not None}
+
+
+def _entry(method: str) -> _Method:
+    if method not in _RULES:
+        raise ValueError(
+            f"method {method!r} is not registered; registered: {', '.join(registered_rules())}"
+        )
+    return _RULES[method]
 
 
 # ---------------------------------------------------------------------------------------
@@ -257,29 +321,316 @@ def zo_np_batched_rule(profile: ModelProfile, *, batch_size: int, num_queries: i
     ))
 
 
-register_rule("inference", inference_rule)
-register_rule("bp", bp_rule)
-register_rule("zo_wp_lean", zo_wp_lean_rule)
-register_rule("zo_wp_batched", zo_wp_batched_rule)
-register_rule("zo_np_lean", zo_np_lean_rule)
-register_rule("zo_np_batched", zo_np_batched_rule)
+# ---------------------------------------------------------------------------------------
+# Int8 (MCU) rules: PMT §3.2.2 / §3.4 / Algorithm 1, and the baselines of §4.2.2 / §4.3.
+
+
+def _quantized_parameters_bytes(profile: ModelProfile, dtype_bytes: int) -> int:
+    """Weights at ``dtype_bytes`` (int8: 1), biases int32 (:data:`BIAS_BYTES`)."""
+    return sum(n * (BIAS_BYTES if name.endswith("bias") else dtype_bytes)
+               for name, n in profile.parameter_numel.items())
+
+
+def _layer_trainable_weight_numel(layer: LayerProfile, trainable: frozenset[str]) -> int:
+    return sum(n for name, n in layer.parameter_numel.items()
+               if name in trainable and not name.endswith("bias"))
+
+
+def _trainable_layer_indices(profile: ModelProfile, trainable: frozenset[str]) -> list[int]:
+    return [i for i, layer in enumerate(profile.layers)
+            if _layer_trainable_numel(layer, trainable)]
+
+
+def _live(profile: ModelProfile, batch_size: int) -> list[int]:
+    """Per layer, elements live while it runs (input + output + held) for ``batch_size``."""
+    return [_scaled(layer.live_numel, profile.batch_size, batch_size) for layer in profile.layers]
+
+
+def _pmt_mode(layer: LayerProfile, trainable: frozenset[str]) -> str:
+    # PMT §3.2.2 "Adaptive Weight Perturbation and Node Perturbation" / Algorithm 1 line 7:
+    # WP for layer i if d_w(i) < d_a(i), else NP. d_w counts the layer's trainable
+    # parameters (weight + bias: both are perturbed); d_a its output values per sample.
+    return "WP" if _layer_trainable_numel(layer, trainable) < layer.d_a else "NP"
+
+
+def _pmt_layer_peak(profile: ModelProfile, live: list[int], i: int, mode: str,
+                    batch_size: int) -> int:
+    """Activation elements live while layer ``i``'s gradient is estimated (Algorithm 1).
+
+    WP (lines 8-16, §3.4.2 "the input activation of the current layer is saved in the
+    activation buffer; the perturbed forward passes start from the current layer"):
+    a^(i) is kept (N·d_in) while the perturbed forward runs from layer i on.
+    NP (lines 18-31): a^(i) is kept for ∇W = ∇z·a^T (Eq. 10) and a^(i+1) (N·d_a) is
+    perturbed in place, restored from the regenerated ξ, and finally holds ∇a^(i+1)
+    (line 28); the perturbed forward starts at layer i+1, whose own live set already
+    contains a^(i+1).
+    A residual skip held across layer j is part of live[j]. When a^(i) is itself such
+    a skip it is counted twice (an upper bound).
+    """
+    layer = profile.layers[i]
+    d_in = batch_size * layer.d_in
+    if mode == "WP":
+        return max(live[i], d_in + max(live[i + 1:], default=0))
+    d_a = batch_size * layer.d_a
+    return d_in + max(max(live[i + 1:i + 2], default=0), d_a + max(live[i + 2:], default=0))
+
+
+def _pmt_common(name: str, profile: ModelProfile, *, batch_size: int, num_queries: int,
+                dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    n, q = batch_size, num_queries
+    live = _live(profile, n)
+    inference_peak = max(live, default=0)
+    peak, grad, query_losses, any_np = inference_peak, 0, 0, False
+    indices = _trainable_layer_indices(profile, trainable)
+    for i in indices:
+        layer = profile.layers[i]
+        mode = _pmt_mode(layer, trainable)
+        any_np |= mode == "NP"
+        peak = max(peak, _pmt_layer_peak(profile, live, i, mode, n))
+        grad = max(grad, _layer_trainable_numel(layer, trainable))
+        query_losses = max(query_losses, q if mode == "WP" else n * q)
+    clean_losses = (n if any_np else 1) if indices else 0
+    return MemoryReport(name, _parts(
+        parameters=_quantized_parameters_bytes(profile, dtype_bytes),
+        activations=inference_peak * dtype_bytes,
+        saved_activations=(peak - inference_peak) * dtype_bytes,
+        gradient_buffers=grad * GRAD_BYTES,
+        seeds_losses=_seeds_losses_bytes(1 if indices else 0, clean_losses + query_losses),
+    ))
+
+
+def pmt_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,
+             trainable: frozenset[str]) -> MemoryReport:
+    """PMT: layer-wise adaptive WP/NP with the memory-efficient schedule (Algorithm 1).
+
+    Layers are visited one at a time; trainable layer i uses WP if d_w(i) < d_a(i) else
+    NP (§3.2.2, :func:`pmt_modes`). One layer's estimate is formed and applied before the
+    next, so every buffer below is reused across layers and counts once, at its largest.
+
+    - parameters: every parameter of the int8 graph (BatchNorm folded), int8 weights
+      (``dtype_bytes``) and int32 biases — Table 3 "Inference Only" d_w term. On the MCU
+      the frozen ones may stay in flash (§3.4.1); all are counted here;
+    - activations: the inference working set, max over layers of (input + output + held
+      skip) for N samples at ``dtype_bytes`` — Table 3 "Inference Only" N·2d_a, per layer;
+    - saved_activations: what the layer-wise estimation keeps beyond that working set,
+      max over trainable layers of :func:`_pmt_layer_peak` minus the inference peak:
+      a^(i) (both modes, §3.4.2) and, for NP, the perturbed a^(i+1) — Table 3 NP
+      (Efficient) reuses the activation buffer, so this is often 0 or small;
+    - gradient_buffers: ∇θ^(i) of the layer being updated (Algorithm 1 lines 15 / 29,
+      later swapped with the old θ^(i) for the line-34 recompute, §3.2.2), fp32/int32,
+      max d_w over trainable layers — Table 3 NP (Efficient) "+ d_w"; WP needs it too
+      because θ^(i) is updated after all Q queries (line 33);
+    - seeds_losses: one uint32 seed per layer (Algorithm 1 lines 8 / 18: ξ is regenerated
+      from S by resetting the RNG), the clean losses (N per-sample losses if any layer uses
+      NP, else the batch loss) and the query losses of one layer (Q batch losses for WP —
+      the perturbation is shared across the batch, §4.1 — or N·Q sample losses for NP) —
+      Table 3 WP (Efficient) L·Q and NP (Efficient) N·L·Q, for the one layer in flight.
+    No trainable copy and no optimizer state (ZO-SGD without momentum, §4.1).
+    """
+    return _pmt_common("pmt", profile, batch_size=batch_size, num_queries=num_queries,
+                       dtype_bytes=dtype_bytes, trainable=trainable)
+
+
+def pmt_sparse_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                    dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """PMT sparse training (§3.3): :func:`pmt_rule` with only the ``trainable`` subset
+    (e.g. one of four blocks, §3.3.1) perturbed, buffered and updated.
+
+    Memory is that of ``pmt`` restricted to the subset (the gradient buffer and saved
+    activations come from the selected layers only); compute drops more, since the prefix
+    before the first trainable layer runs once (:func:`macs_per_iteration`).
+    """
+    return _pmt_common("pmt-sparse", profile, batch_size=batch_size, num_queries=num_queries,
+                       dtype_bytes=dtype_bytes, trainable=trainable)
+
+
+def mezo_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,
+              trainable: frozenset[str]) -> MemoryReport:
+    """MeZO [58]: model-wise WP of all trainable parameters in place — PMT Table 3
+    "Weight Perturbation (Efficient)", on the int8 graph.
+
+    Parameters (int8 weights, int32 biases) + the inference working set + Q uint32 seeds
+    + Q+1 fp32 batch losses (one-sided RGE, Eq. 6). No gradient buffer: θ is updated in
+    place query by query with ξ regenerated from its seed.
+    """
+    q = num_queries
+    return MemoryReport("mezo", _parts(
+        parameters=_quantized_parameters_bytes(profile, dtype_bytes),
+        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+        seeds_losses=_seeds_losses_bytes(q, q + 1),
+    ))
+
+
+def cge_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,
+             trainable: frozenset[str], coordinates: int | None = None) -> MemoryReport:
+    """DeepZero [11]-style coordinate-wise gradient estimation (CGE) on the int8 graph.
+
+    Each step perturbs ``coordinates`` parameters one at a time (default: ``num_queries``)
+    and keeps one finite-difference loss each plus the clean loss; the coordinates come
+    from one uint32 sampler seed. Memory = parameters + inference working set + that.
+    """
+    k = num_queries if coordinates is None else _positive_int("coordinates", coordinates)
+    return MemoryReport("cge", _parts(
+        parameters=_quantized_parameters_bytes(profile, dtype_bytes),
+        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+        seeds_losses=_seeds_losses_bytes(1, k + 1),
+    ))
+
+
+def bp_int8_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                 dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """Back-propagation on the int8 graph (MCUTrain [55] style): PMT Table 3
+    "Back-propagation" N·L·d_a + L·d_w.
+
+    - parameters: int8 weights, int32 biases (BatchNorm folded);
+    - activations: the input of every parametrized or nonlinear layer kept for the
+      backward pass, N samples at ``dtype_bytes`` (int8, as MCUTrain stores them);
+    - activation_gradients: the fp32 gradients of one layer's input and output plus held
+      skips — the inference peak's element count at :data:`GRAD_BYTES`;
+    - gradient_buffers: fp32 ∇θ of every trainable parameter. No optimizer state (SGD).
+    """
+    kept = [layer for layer in profile.layers if _saves_input(layer)]
+    return MemoryReport("bp-int8", _parts(
+        parameters=_quantized_parameters_bytes(profile, dtype_bytes),
+        activations=_inputs_bytes(kept, profile, batch_size, dtype_bytes),
+        activation_gradients=_scaled(profile.inference_peak_numel, profile.batch_size,
+                                     batch_size) * GRAD_BYTES,
+        gradient_buffers=_trainable_numel(profile, trainable) * GRAD_BYTES,
+    ))
+
+
+def sparse_bp_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                   dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+    """Sparse back-propagation (MCUTrain [55] sparse update) on the int8 graph.
+
+    The backward pass stops at the first trainable layer f, so:
+
+    - activations: inputs kept only where the backward needs them — layers whose weight
+      (not only bias: ∇b = ∇z needs no input) trains, and nonlinear layers after f;
+      N samples at ``dtype_bytes``;
+    - activation_gradients: fp32, max over layers from f on of their live elements;
+    - gradient_buffers: fp32 ∇θ of the trainable parameters only.
+    """
+    indices = _trainable_layer_indices(profile, trainable)
+    parts = _parts(parameters=_quantized_parameters_bytes(profile, dtype_bytes))
+    if indices:
+        f = indices[0]
+        kept = [layer for j, layer in enumerate(profile.layers) if j >= f and (
+            _layer_trainable_weight_numel(layer, trainable)
+            or (j > f and layer.type in NONLINEAR_LAYER_TYPES))]
+        parts.update(
+            activations=_inputs_bytes(kept, profile, batch_size, dtype_bytes),
+            activation_gradients=max(_live(profile, batch_size)[f:]) * GRAD_BYTES,
+            gradient_buffers=_trainable_numel(profile, trainable) * GRAD_BYTES,
+        )
+    else:
+        parts["activation_gradients"] = 0
+    return MemoryReport("sparse-bp", parts)
 
 
 # ---------------------------------------------------------------------------------------
-# Entry point.
+# Compute rules: multiply-accumulates of one training iteration (N samples, Q queries).
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+def _macs_layers(profile: ModelProfile) -> list[int]:
+    return [layer.macs for layer in profile.layers]
+
+
+def _forward_macs(profile: ModelProfile, *, batch_size: int, **_: Any) -> int:
+    return batch_size * profile.macs
+
+
+def _queries_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                  **_: Any) -> int:
+    # Model-wise estimators: one clean forward and Q perturbed ones.
+    return (num_queries + 1) * batch_size * profile.macs
+
+
+def _coordinates_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                      coordinates: int | None = None, **_: Any) -> int:
+    k = num_queries if coordinates is None else coordinates
+    return (k + 1) * batch_size * profile.macs
+
+
+def _layerwise_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                    trainable: frozenset[str], mode: Callable[[LayerProfile], str]) -> int:
+    """Algorithm 1: clean forward (line 4) + the layer-by-layer forward up to the last
+    trainable layer (line 6) + per trainable layer i, Q·N perturbed partial forwards
+    (WP: layers i.., line 10; NP: layers i+1.., line 23) and the recompute of layer i
+    (line 34)."""
+    n, q = batch_size, num_queries
+    macs = _macs_layers(profile)
+    total = n * sum(macs)
+    indices = _trainable_layer_indices(profile, trainable)
+    if not indices:
+        return total
+    total += n * sum(macs[:indices[-1] + 1])
+    for i in indices:
+        start = i if mode(profile.layers[i]) == "WP" else i + 1
+        total += q * n * sum(macs[start:]) + n * macs[i]
+    return total
+
+
+def _pmt_macs(profile: ModelProfile, *, trainable: frozenset[str], **kw: Any) -> int:
+    kw.pop("coordinates", None)
+    return _layerwise_macs(profile, trainable=trainable,
+                           mode=lambda layer: _pmt_mode(layer, trainable), **kw)
+
+
+def _np_layerwise_macs(profile: ModelProfile, **kw: Any) -> int:
+    kw.pop("coordinates", None)
+    return _layerwise_macs(profile, mode=lambda layer: "NP", **kw)
+
+
+def _bp_macs(profile: ModelProfile, *, batch_size: int, trainable: frozenset[str],
+             **_: Any) -> int:
+    """Forward + backward ≈ 3·N·MACs: the backward computes ∇a through every layer after
+    the first trainable one f (one layer's MACs each) and ∇W of every layer whose weight
+    trains (its MACs again); a frozen prefix costs forward only (sparse-bp)."""
+    macs = _macs_layers(profile)
+    indices = _trainable_layer_indices(profile, trainable)
+    total = sum(macs)
+    if indices:
+        f = indices[0]
+        total += sum(macs[f + 1:])
+        total += sum(m for layer, m in zip(profile.layers, macs)
+                     if _layer_trainable_weight_numel(layer, trainable))
+    return batch_size * total
+
+
+register_rule("inference", inference_rule, macs=_forward_macs)
+register_rule("bp", bp_rule, macs=_bp_macs)
+register_rule("zo_wp_lean", zo_wp_lean_rule, macs=_queries_macs)
+register_rule("zo_wp_batched", zo_wp_batched_rule, macs=_queries_macs)
+register_rule("zo_np_lean", zo_np_lean_rule, macs=_np_layerwise_macs)
+register_rule("zo_np_batched", zo_np_batched_rule, macs=_queries_macs)
+register_rule("pmt", pmt_rule, dtype_bytes=1, fold_bn=True, macs=_pmt_macs)
+register_rule("pmt-sparse", pmt_sparse_rule, dtype_bytes=1, fold_bn=True, macs=_pmt_macs)
+register_rule("mezo", mezo_rule, dtype_bytes=1, fold_bn=True, macs=_queries_macs)
+register_rule("cge", cge_rule, dtype_bytes=1, fold_bn=True, macs=_coordinates_macs)
+register_rule("bp-int8", bp_int8_rule, dtype_bytes=1, fold_bn=True, macs=_bp_macs)
+register_rule("sparse-bp", sparse_bp_rule, dtype_bytes=1, fold_bn=True, macs=_bp_macs)
+
+
+# ---------------------------------------------------------------------------------------
+# Entry points.
+
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _module_prefixes(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
 
 
 def _resolve_trainable(profile: ModelProfile, trainable: Any) -> frozenset[str]:
     """Parameter names that train: all (None), a predicate on the name, or names/prefixes.
 
     A name selects the parameter of that name or every parameter under that module prefix
-    (``"0"`` selects ``"0.weight"`` and ``"0.bias"``).
+    (``"0"`` selects ``"0.weight"`` and ``"0.bias"``). A name with ``*``, ``?`` or ``[`` is
+    a glob (:mod:`fnmatch`, case-sensitive) matched against the parameter names and their
+    module prefixes (``"4.*"`` selects block 4, ``"*.conv.1.0"`` every depthwise conv).
     """
     names = tuple(profile.parameter_numel)
     if trainable is None:
@@ -297,7 +648,13 @@ def _resolve_trainable(profile: ModelProfile, trainable: Any) -> frozenset[str]:
         ) from None
     selected: set[str] = set()
     for want in wanted:
-        hits = [n for n in names if n == want or n.startswith(f"{want}.")]
+        if not isinstance(want, str):
+            raise TypeError(f"trainable: names must be str, got {want!r}")
+        if _GLOB_CHARS & set(want):
+            hits = [n for n in names if fnmatch.fnmatchcase(n, want)
+                    or any(fnmatch.fnmatchcase(p, want) for p in _module_prefixes(n))]
+        else:
+            hits = [n for n in names if n == want or n.startswith(f"{want}.")]
         if not hits:
             raise ValueError(
                 f"trainable: {want!r} matches no parameter; parameters are {', '.join(names)}"
@@ -327,29 +684,46 @@ def _profile_for(model: Any, input_shape: Any, example_input: Any) -> ModelProfi
     return profile_model(model, example_input)
 
 
+def _prepare(model: Any, method: str, input_shape: Any, example_input: Any, fold_bn: Any,
+             trainable: Any) -> tuple[_Method, ModelProfile, frozenset[str]]:
+    entry = _entry(method)
+    profile = _profile_for(model, input_shape, example_input)
+    if fold_bn is None:
+        fold_bn = entry.fold_bn
+    if not isinstance(fold_bn, bool):
+        raise ValueError(f"fold_bn must be True, False or None (the method's default), "
+                         f"got {fold_bn!r}")
+    if fold_bn:
+        profile = profile.fold_batchnorm()
+    return entry, profile, _resolve_trainable(profile, trainable)
+
+
 def analytic(model: nn.Module | ModelProfile, method: str, *, input_shape: Any = None,
              example_input: Any = None, batch_size: int | None = None, num_queries: int = 1,
-             dtype_bytes: int = 4, trainable: Any = None, **options: Any) -> MemoryReport:
+             dtype_bytes: int | None = None, trainable: Any = None, fold_bn: bool | None = None,
+             **options: Any) -> MemoryReport:
     """Analytic training memory of ``method`` for ``model``, from its layer shapes.
 
     ``model`` is an ``nn.Module`` (profiled once with ``example_input`` — batch first — or
     with zeros of ``(1, *input_shape)``) or an existing :class:`ModelProfile`.
     ``batch_size`` defaults to the example's batch (1 with ``input_shape``).
     ``trainable`` is None (all parameters), a predicate on the parameter name, or names /
-    module prefixes. Extra ``options`` go to the rule (e.g. ``momentum=True`` for ``"bp"``).
+    module prefixes / globs. ``dtype_bytes`` and ``fold_bn`` default to the method's own
+    (:func:`method_defaults`: 1 and True for the int8 methods, 4 and False otherwise);
+    with BatchNorm folded, trainable names refer to the folded graph (a conv's folded
+    bias is ``"<conv>.bias"``). Extra ``options`` go to the rule (e.g. ``momentum=True``
+    for ``"bp"``, ``coordinates=K`` for ``"cge"``).
     """
-    if method not in _RULES:
-        raise ValueError(
-            f"method {method!r} is not registered; registered: {', '.join(registered_rules())}"
-        )
-    rule = _RULES[method]
-    profile = _profile_for(model, input_shape, example_input)
+    entry, profile, trainable_set = _prepare(model, method, input_shape, example_input,
+                                             fold_bn, trainable)
+    rule = entry.rule
     n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
     kwargs = dict(
         batch_size=n,
         num_queries=_positive_int("num_queries", num_queries),
-        dtype_bytes=_positive_int("dtype_bytes", dtype_bytes),
-        trainable=_resolve_trainable(profile, trainable),
+        dtype_bytes=_positive_int("dtype_bytes",
+                                  entry.dtype_bytes if dtype_bytes is None else dtype_bytes),
+        trainable=trainable_set,
         **options,
     )
     # Check the options against the rule's signature first, so a typo names the method
@@ -361,3 +735,54 @@ def analytic(model: nn.Module | ModelProfile, method: str, *, input_shape: Any =
     except ValueError:  # no introspectable signature (builtins); let the call decide
         pass
     return rule(profile, **kwargs)
+
+
+def macs_per_iteration(model: nn.Module | ModelProfile, method: str,
+                       batch_size: int | None = None, num_queries: int = 1, *,
+                       trainable: Any = None, coordinates: int | None = None,
+                       fold_bn: bool | None = None, input_shape: Any = None,
+                       example_input: Any = None) -> int:
+    """Multiply-accumulates of one training iteration of ``method`` (N samples, Q queries).
+
+    Per-layer MACs are :attr:`LayerProfile.macs` (Conv / Linear only). Rules:
+
+    - ``inference``: N·M (M = MACs of one forward of one sample);
+    - ``pmt``, ``pmt-sparse`` (Algorithm 1): N·M clean forward (line 4), the layer-wise
+      forward up to the last trainable layer (line 6), and per trainable layer i: Q·N
+      perturbed partial forwards (WP: layers i.., line 10; NP: layers i+1.., line 23)
+      plus N·MACs(i) to recompute a^(i+1) with the old weights (line 34);
+      ``zo_np_lean``: the same with NP everywhere;
+    - ``mezo``, ``zo_wp_lean``, ``zo_wp_batched``, ``zo_np_batched``: (Q+1)·N·M
+      (one-sided: the clean forward plus Q perturbed ones);
+    - ``cge``: (K+1)·N·M with K = ``coordinates`` (default Q);
+    - ``bp``, ``bp-int8``, ``sparse-bp``: forward N·M + backward: ∇a through every layer
+      after the first trainable one and ∇W of every layer whose weight trains, each one
+      layer's MACs — ≈ 3·N·M when everything trains.
+
+    ``trainable``, ``fold_bn``, ``input_shape`` and ``example_input`` are as in
+    :func:`analytic`.
+    """
+    entry, profile, trainable_set = _prepare(model, method, input_shape, example_input,
+                                             fold_bn, trainable)
+    if entry.macs is None:
+        known = ", ".join(name for name in registered_rules() if _RULES[name].macs is not None)
+        raise ValueError(f"method {method!r} has no MACs rule; methods with one: {known}")
+    n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+    return int(entry.macs(
+        profile, batch_size=n, num_queries=_positive_int("num_queries", num_queries),
+        trainable=trainable_set,
+        coordinates=None if coordinates is None else _positive_int("coordinates", coordinates),
+    ))
+
+
+def pmt_modes(model: nn.Module | ModelProfile, trainable: Any = None, *,
+              fold_bn: bool = True, input_shape: Any = None,
+              example_input: Any = None) -> dict[str, str]:
+    """PMT's perturbation mode per trainable layer, ``{layer name: "WP" | "NP"}``, in
+    execution order: WP if d_w(i) < d_a(i) else NP (§3.2.2, Algorithm 1 line 7), with
+    d_w the layer's trainable parameters (weight + folded bias) and d_a its output values
+    per sample. BatchNorm is folded first unless ``fold_bn=False``."""
+    _, profile, trainable_set = _prepare(model, "pmt", input_shape, example_input, fold_bn,
+                                         trainable)
+    return {profile.layers[i].name: _pmt_mode(profile.layers[i], trainable_set)
+            for i in _trainable_layer_indices(profile, trainable_set)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -29,6 +30,58 @@ def mnist_cnn() -> nn.Sequential:
                          nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
 
 
+def conv_bn(cin: int, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1,
+            activation: bool = True) -> nn.Sequential:
+    """Conv2d (no bias) + BatchNorm2d (+ ReLU6): the unit PTQ folds into one int8 conv."""
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups,
+                                         bias=False), nn.BatchNorm2d(cout)]
+    if activation:
+        layers.append(nn.ReLU6())
+    return nn.Sequential(*layers)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 inverted-residual block: 1x1 expand, 3x3 depthwise, 1x1 linear project.
+
+    ``conv`` is the Sequential of the three conv-BN units; the block adds its input to the
+    output when ``use_residual`` (stride 1 and equal channels), as in MobileNetV2 / MCUNet.
+    """
+
+    def __init__(self, cin: int, cout: int, stride: int = 1, expand: int = 2) -> None:
+        super().__init__()
+        if stride not in (1, 2):
+            raise ValueError(f"stride must be 1 or 2, got {stride!r}")
+        hidden = cin * expand
+        self.use_residual = stride == 1 and cin == cout
+        self.conv = nn.Sequential(conv_bn(cin, hidden, 1),
+                                  conv_bn(hidden, hidden, 3, stride, groups=hidden),
+                                  conv_bn(hidden, cout, 1, activation=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv(x)
+        return x + out if self.use_residual else out
+
+
+def mnist_mobilenet(num_classes: int = 10) -> nn.Sequential:
+    """Small MobileNetV2-style CNN for 1x28x28 (depthwise-separable, BN; PMT benchmark model).
+
+    A stem conv, four inverted-residual blocks (two with a residual add), a 1x1 head conv,
+    global average pooling and a linear classifier: the same kinds of layers as MCUNet-in1,
+    at MNIST scale. Every stage maps one tensor to one tensor, so PTQ keeps the Sequential.
+    """
+    return nn.Sequential(
+        conv_bn(1, 8, 3, stride=2),            # 14x14
+        InvertedResidual(8, 8, 1),
+        InvertedResidual(8, 16, 2),            # 7x7
+        InvertedResidual(16, 16, 1),
+        InvertedResidual(16, 24, 2),           # 4x4
+        conv_bn(24, 64, 1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, num_classes),
+    )
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -41,6 +94,8 @@ MODELS = {spec.name: spec for spec in (
     ModelSpec("digits-mlp", digits_mlp, (64,), "64-64-10 MLP on 8x8 digits (the demo)"),
     ModelSpec("mnist-mlp", mnist_mlp, (784,), "784-1024-10 MLP (TT-ZO §5.1, throughput benchmark)"),
     ModelSpec("mnist-cnn", mnist_cnn, (1, 28, 28), "2-conv CNN on 1x28x28 (throughput benchmark)"),
+    ModelSpec("mnist-mobilenet", mnist_mobilenet, (1, 28, 28),
+              "MobileNetV2-style CNN on 1x28x28 (PMT benchmark; PTQ to int8)"),
 )}
 
 

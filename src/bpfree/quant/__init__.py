@@ -12,6 +12,10 @@ kernels used by TFLite Micro, CMSIS-NN and TinyEngine:
 * :mod:`.layers`: :class:`QLinear`, :class:`QConv2d`, :class:`QAdd`, :class:`QAvgPool2d`,
   :class:`QGlobalAvgPool2d`, :class:`QReLU`, :class:`QFlatten` (int8 in, int8 out).
 * :mod:`.reference`: slow scalar / int64 reference used by the tests.
+* :mod:`.ptq`: post-training quantization of a float model (BN folding, calibration) into a
+  :class:`QuantizedModel` (PMT §4.1).
+* :mod:`.twin`: the float twin of a quantized model in integer parameter units, for BP
+  baselines and gradient diagnostics, and :func:`write_back`.
 """
 
 from .fixed_point import (
@@ -45,6 +49,24 @@ from .params import (
     TensorQuant,
     WeightQuant,
 )
+from .ptq import (
+    QInvertedResidual,
+    QMaxPool2d,
+    QuantizedModel,
+    fold_batchnorm,
+    quantize_model,
+    quantize_weights,
+    stage_output_quant,
+    tensor_quant_from_range,
+    trainable_layers,
+)
+from .twin import (
+    FloatTwin,
+    TwinConv2d,
+    TwinLinear,
+    float_twin,
+    write_back,
+)
 
 __all__ = [
     "INT8_MAX",
@@ -72,4 +94,18 @@ __all__ = [
     "rounding_divide_by_pot",
     "rounding_integer_divide",
     "saturating_rounding_doubling_high_mul",
+    "FloatTwin",
+    "QInvertedResidual",
+    "QMaxPool2d",
+    "QuantizedModel",
+    "TwinConv2d",
+    "TwinLinear",
+    "float_twin",
+    "fold_batchnorm",
+    "quantize_model",
+    "quantize_weights",
+    "stage_output_quant",
+    "tensor_quant_from_range",
+    "trainable_layers",
+    "write_back",
 ]

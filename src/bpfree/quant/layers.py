@@ -210,10 +210,22 @@ class _QuantizedAffine(nn.Module):
             xf = xf.sub_(self.input_quant.zero_point)
         return xf, self.weight.to(dtype)
 
+    #: Node perturbation (PMT §3.2.1, Eq. 9): an integer tensor broadcastable to the output, or
+    #: None. When set, it is added to the requantized pre-activation output (int8 units) before
+    #: the fused ReLU / ReLU6 clamp, i.e. ``a = h(z + xi)``, with saturation to int8.
+    node_offset: torch.Tensor | None = None
+
     def _epilogue(self, acc: torch.Tensor, axis: int) -> torch.Tensor:
-        return requantize(acc, self.bias, self.multiplier, self.shift,
-                          self.output_quant.zero_point, self.range.qmin, self.range.qmax,
-                          axis=axis, backend=self.backend)
+        offset = self.node_offset
+        if offset is None:
+            return requantize(acc, self.bias, self.multiplier, self.shift,
+                              self.output_quant.zero_point, self.range.qmin, self.range.qmax,
+                              axis=axis, backend=self.backend)
+        z = requantize(acc, self.bias, self.multiplier, self.shift,
+                       self.output_quant.zero_point, INT8_MIN, INT8_MAX,
+                       axis=axis, backend=self.backend)
+        z = z.to(torch.int16).add_(offset.to(device=z.device, dtype=torch.int16))
+        return z.clamp_(self.range.qmin, self.range.qmax).to(torch.int8)
 
     def extra_repr(self) -> str:
         return (f"input={self.input_quant}, output={self.output_quant}, "

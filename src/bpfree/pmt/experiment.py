@@ -1,0 +1,152 @@
+"""The PMT adaptation experiment (§4.1–4.3 at MNIST scale): every method on one corrupted task.
+
+Shared by ``bpfree bench pmt`` (benchmarks/pmt.py) and usable on its own: given a pretrained
+float model, its int8 twin from PTQ and a corrupted training / test split, :func:`adapt` runs
+each method of Table 7 on a fresh copy with the same batches and cosine schedule, and records
+test accuracy, forward passes (per sample, Table 5's unit), wall time and the loss curve.
+
+Budgets: PMT dense trains ``epochs`` epochs with Q queries per layer; MeZO and DeepZero get the
+same total number of forward passes (MeZO as more 2-forward steps, DeepZero as ``L*Q``
+coordinates per step); PMT sparse spends its block-selection trials plus ``epochs`` epochs on
+the chosen block; BP methods train ``epochs`` epochs (their forward count is N per step, plus
+a backward pass the forward count does not show).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
+from .harness import accuracy, fit
+from .sparse import select_block, split_blocks
+from .trainer import PMTConfig, PMTTrainer
+
+METHODS = ("no-adaptation", "fp32-bp", "int8-bp", "int8-sparse-bp", "mezo", "deepzero",
+           "pmt-dense", "pmt-sparse")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Hyper-parameters of one adaptation run (the paper's: Q=100, 50 epochs, N=100, lr 0.01)."""
+
+    queries: int = 5
+    epochs: int = 2
+    batch_size: int = 100
+    lr: float = 0.05
+    bp_lr: float = 0.05
+    seed: int = 0
+    methods: tuple[str, ...] = METHODS
+    curve_points: int = 60
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
+        if self.queries < 1 or self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("queries, epochs and batch_size must be >= 1")
+        if not (math.isfinite(self.lr) and self.lr > 0 and math.isfinite(self.bp_lr)
+                and self.bp_lr > 0):
+            raise ValueError(f"learning rates must be finite and > 0, got {self.lr}, {self.bp_lr}")
+
+
+@dataclass
+class MethodResult:
+    accuracy: float
+    forwards: int
+    seconds: float
+    loss: list[float] = field(default_factory=list)
+    curve_forwards: list[int] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _thin(history, points: int) -> tuple[list[float], list[int]]:
+    n = len(history.loss)
+    if n == 0:
+        return [], []
+    stride = max(1, n // points)
+    # Mean over each window: a readable curve from noisy ZO steps.
+    loss = [sum(history.loss[i:i + stride]) / len(history.loss[i:i + stride])
+            for i in range(0, n, stride)]
+    fw = [history.forwards[min(i + stride, n) - 1] for i in range(0, n, stride)]
+    return loss, fw
+
+
+def _train(method, x, y, setup: Setup, epochs: int, lr: float, model, test) -> MethodResult:
+    t0 = time.perf_counter()
+    hist = fit(method, x, y, epochs=epochs, batch_size=setup.batch_size, lr=lr, seed=setup.seed)
+    loss, fw = _thin(hist, setup.curve_points)
+    return MethodResult(accuracy(model, *test), method.forwards, time.perf_counter() - t0,
+                        loss, fw)
+
+
+def pmt_dense_forwards(num_layers: int, setup: Setup, n_train: int) -> int:
+    """Forward passes of PMT dense: per step N (clean) + L*Q*N, over all steps."""
+    return setup.epochs * n_train * (1 + num_layers * setup.queries)
+
+
+def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
+          test: tuple[torch.Tensor, torch.Tensor], setup: Setup = Setup()) -> dict:
+    """Run ``setup.methods`` on copies of the models; returns ``{method: MethodResult}`` plus
+    ``"selection"`` (the §3.3 block choice) when a sparse method ran."""
+    x, y = train
+    out: dict = {}
+    example = x[:2]
+    layers = PMTTrainer(qmodel, PMTConfig(), example=example).layers
+    budget = pmt_dense_forwards(len(layers), setup, x.shape[0])
+    selection = None
+
+    def pmt(model, trainable=None):
+        return PMTTrainer(model, PMTConfig(queries=setup.queries, seed=setup.seed),
+                          example=example, trainable=trainable)
+
+    if any(m in setup.methods for m in ("pmt-sparse", "int8-sparse-bp")):
+        t0 = time.perf_counter()
+        blocks = split_blocks(layers, 4)
+        selection = select_block(qmodel, x, y, blocks=blocks, make_method=pmt, lr=setup.lr,
+                                 batch_size=setup.batch_size, seed=setup.seed)
+        out["selection"] = {**selection.as_dict(), "seconds": time.perf_counter() - t0}
+    for name in setup.methods:
+        q = copy.deepcopy(qmodel)
+        if name == "no-adaptation":
+            out[name] = MethodResult(accuracy(q, *test), 0, 0.0)
+        elif name == "fp32-bp":
+            f = copy.deepcopy(float_model)
+            out[name] = _train(FullTrainFP32(f), x, y, setup, setup.epochs, setup.bp_lr, f, test)
+        elif name == "int8-bp":
+            out[name] = _train(FullTrainINT8(q, qas=True), x, y, setup, setup.epochs,
+                               setup.bp_lr, q, test)
+        elif name == "int8-sparse-bp":
+            chosen = selection.blocks[selection.chosen - 1]
+            out[name] = _train(SparseBP(q, trainable=chosen, qas=True), x, y, setup,
+                               setup.epochs, setup.bp_lr, q, test)
+            out[name].extra = {"block": selection.chosen}
+        elif name == "mezo":
+            steps_per_epoch = math.ceil(x.shape[0] / setup.batch_size)
+            epochs = max(1, round(budget / (2 * x.shape[0])))
+            method = MeZO(q, example, queries=1, seed=setup.seed, gns=True, qas=True,
+                          monitor=False)
+            out[name] = _train(method, x, y, setup, epochs, setup.lr, q, test)
+            out[name].extra = {"epochs": epochs, "steps": epochs * steps_per_epoch}
+        elif name == "deepzero":
+            k = len(layers) * setup.queries
+            method = DeepZeroCGE(q, example, coordinates=k, seed=setup.seed, qas=True)
+            out[name] = _train(method, x, y, setup, setup.epochs, setup.bp_lr, q, test)
+            out[name].extra = {"coordinates_per_step": k}
+        elif name == "pmt-dense":
+            out[name] = _train(pmt(q), x, y, setup, setup.epochs, setup.lr, q, test)
+        elif name == "pmt-sparse":
+            chosen = selection.blocks[selection.chosen - 1]
+            res = _train(pmt(q, chosen), x, y, setup, setup.epochs, setup.lr, q, test)
+            res.forwards += selection.forwards  # the trials are part of the cost (§3.3.1)
+            res.extra = {"block": selection.chosen, "selection_forwards": selection.forwards}
+            out[name] = res
+    return out

@@ -1,0 +1,139 @@
+"""The integer model as PMT's training loop sees it: trainable layers, stages, partial forwards.
+
+PMT (§3.4.2) starts every perturbed forward pass at the layer being estimated, from an input
+activation kept in the activation buffer. A real-quantized model here is a
+:class:`~bpfree.quant.ptq.QuantizedModel`-like module: ``body`` is an ``nn.Sequential`` of
+stages that each map one int8 tensor to one int8 tensor (an inverted-residual block with its
+residual add is one stage), ``input_quant`` quantizes images and ``output_quant`` dequantizes
+logits. :class:`StagedModel` caches the input of every stage during the clean forward, so a
+perturbed pass for a layer in stage ``k`` recomputes only stages ``k`` onward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..quant.layers import QConv2d, QLinear
+
+AFFINE_TYPES = (QConv2d, QLinear)
+
+
+@dataclass(frozen=True)
+class TrainableLayer:
+    """One integer affine layer: its qualified name, module, stage index and dimensions.
+
+    ``d_w`` is the number of weights, ``d_a`` the number of output nodes per sample (PMT §3.2.2:
+    WP is chosen for the layer when ``d_w < d_a``, else NP).
+    """
+
+    name: str
+    module: nn.Module
+    stage: int
+    d_w: int
+    d_a: int
+    output_shape: tuple[int, ...]
+
+    @property
+    def preferred_mode(self) -> str:
+        return "wp" if self.d_w < self.d_a else "np"
+
+
+def _check_model(model: nn.Module) -> None:
+    missing = [a for a in ("body", "input_quant", "output_quant") if not hasattr(model, a)]
+    if missing or not isinstance(model.body, nn.Sequential):
+        raise ValueError("PMT trains a real-quantized model with an nn.Sequential `body` of int8 "
+                         "stages and `input_quant` / `output_quant` (build one with "
+                         "bpfree.quant.quantize_model); got "
+                         f"{type(model).__name__} missing {missing or ['Sequential body']}")
+
+
+def find_layers(model: nn.Module, sample: torch.Tensor) -> list[TrainableLayer]:
+    """Every QConv2d / QLinear of ``model.body`` in forward order, with d_w and d_a.
+
+    ``sample`` is one int8 (or float) input batch used only to record output shapes.
+    """
+    _check_model(model)
+    shapes: dict[str, tuple[int, ...]] = {}
+    order: list[str] = []
+    handles = []
+    modules = {}
+    for name, module in model.body.named_modules():
+        if isinstance(module, AFFINE_TYPES):
+            modules[name] = module
+
+            def hook(mod, args, out, name=name):
+                if name not in shapes:
+                    order.append(name)
+                    shapes[name] = tuple(out.shape[1:])
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            x = sample[:1]
+            model.body(x if x.dtype == torch.int8 else model.input_quant.quantize(x))
+    finally:
+        for h in handles:
+            h.remove()
+    layers = []
+    for name in order:
+        module = modules[name]
+        shape = shapes[name]
+        layers.append(TrainableLayer(
+            name=f"body.{name}", module=module, stage=int(name.split(".")[0]),
+            d_w=module.weight.numel(), d_a=int(torch.Size(shape).numel()),
+            output_shape=shape))
+    return layers
+
+
+def per_sample_loss(logits_q: torch.Tensor, target: torch.Tensor, output_quant) -> torch.Tensor:
+    """Cross-entropy of each sample from int8 logits, in float64.
+
+    The MCU dequantizes the logits to compute the loss; float64 makes the loss differences
+    ``l_q - l`` of Eq. 6 / 9 free of float32 cancellation.
+    """
+    logits = (logits_q.to(torch.float64) - output_quant.zero_point) * output_quant.scale
+    return F.cross_entropy(logits, target, reduction="none")
+
+
+class StagedModel:
+    """Clean forward with cached stage inputs, and partial forwards from any stage."""
+
+    def __init__(self, model: nn.Module) -> None:
+        _check_model(model)
+        self.model = model
+        self.stages = list(model.body)
+        self.inputs: list[torch.Tensor] = []
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        return x if x.dtype == torch.int8 else self.model.input_quant.quantize(x)
+
+    @torch.no_grad()
+    def clean(self, xq: torch.Tensor) -> torch.Tensor:
+        """Full forward from int8 ``xq``; caches the input of every stage; returns int8 logits."""
+        self.inputs = [xq]
+        h = xq
+        for stage in self.stages:
+            h = stage(h)
+            self.inputs.append(h)
+        return h
+
+    @torch.no_grad()
+    def from_stage(self, k: int, h: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward from stage ``k`` on, starting from ``h`` (default: the cached input)."""
+        if h is None:
+            h = self.inputs[k]
+        for stage in self.stages[k:]:
+            h = stage(h)
+        return h
+
+    @torch.no_grad()
+    def refresh_from(self, k: int) -> torch.Tensor:
+        """Recompute the cached inputs of stages after ``k`` (after an update to stage ``k``)."""
+        h = self.inputs[k]
+        for j in range(k, len(self.stages)):
+            h = self.stages[j](h)
+            self.inputs[j + 1] = h
+        return h

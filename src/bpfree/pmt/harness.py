@@ -1,0 +1,94 @@
+"""One training harness for PMT and its baselines: epochs, cosine schedule, budget accounting.
+
+Every method exposes ``step(x, y, lr) -> dict`` (with at least ``"loss"``) and a ``forwards``
+counter of per-sample forward passes (Table 5's unit), so :func:`fit` can run any of them on
+the same data, the same batches and the same schedule, and report the same history.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from tqdm.auto import tqdm
+
+
+class Method(Protocol):
+    forwards: int
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict: ...
+
+
+@dataclass
+class History:
+    """Per-step training record: clean loss, learning rate, cumulative forward passes."""
+
+    loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    forwards: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"loss": self.loss, "lr": self.lr, "forwards": self.forwards,
+                "seconds": self.seconds}
+
+
+def cosine_lr(base: float, step: int, total: int) -> float:
+    """Cosine decay from ``base`` to 0 over ``total`` steps (§4.1)."""
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
+
+
+def batches(n: int, batch_size: int, epochs: int, seed: int):
+    """Shuffled index batches, reproducible from ``seed``; the last partial batch is kept."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=g)
+        for lo in range(0, n, batch_size):
+            yield perm[lo:lo + batch_size]
+
+
+def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+        lr: float, schedule: str = "cosine", seed: int = 0, progress: bool | str = False
+        ) -> History:
+    """Train ``method`` for ``epochs`` over ``(x, y)``; returns the :class:`History`.
+
+    Raises FloatingPointError when a step's loss is not finite (the step did not update).
+    """
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
+    if schedule not in ("cosine", "constant"):
+        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"lr must be a finite number >= 0, got {lr}")
+    n = x.shape[0]
+    total = epochs * math.ceil(n / batch_size)
+    history = History()
+    t0 = time.perf_counter()
+    bar = tqdm(total=total, desc=progress if isinstance(progress, str) else "train",
+               disable=not progress, leave=False)
+    for step, idx in enumerate(batches(n, batch_size, epochs, seed)):
+        rate = cosine_lr(lr, step, total) if schedule == "cosine" else lr
+        out = method.step(x[idx], y[idx], rate)
+        if not math.isfinite(out["loss"]):
+            raise FloatingPointError(f"non-finite loss at step {step}")
+        history.loss.append(out["loss"])
+        history.lr.append(rate)
+        history.forwards.append(method.forwards)
+        bar.update(1)
+        bar.set_postfix(loss=f"{out['loss']:.3f}")
+    bar.close()
+    history.seconds = time.perf_counter() - t0
+    return history
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+             batch_size: int = 1000) -> float:
+    """Top-1 accuracy (%) of ``model(x)`` logits."""
+    correct = 0
+    for lo in range(0, x.shape[0], batch_size):
+        correct += int((model(x[lo:lo + batch_size]).argmax(-1) == y[lo:lo + batch_size]).sum())
+    return 100.0 * correct / max(x.shape[0], 1)

@@ -1,0 +1,72 @@
+"""PMT's integer parameter update: Eq. 8 with GNS and QAS, rounded and clipped (Eq. 11).
+
+``W <- clip(round(W - eta_t * GNS * QAS * g), -128, 127)`` for int8 weights and the int32 range
+for biases, where
+
+* GNS (gradient-norm scaling, §3.1.2) is ``NQ / (NQ + d - 1)`` with ``NQ`` the number of
+  independent directions averaged and ``d`` the perturbed dimension (:class:`LayerEstimate`);
+* QAS (quantization-aware scaling, §3.1.2 and Appendix B, Eq. 12) is ``1 / s^2`` per output
+  channel, ``s = s_w[c]`` for weights and ``s = s_in s_w[c]`` for the int32 bias, so the integer
+  update follows the float update ``theta - eta * grad`` at the parameter's own scale.
+
+Rounding is round-half-to-even (``torch.round``); the paper's Eq. 11 only says "rounded".
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .estimate import LayerEstimate
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def gradient_norm_scale(directions: int, dimension: int) -> float:
+    """GNS factor ``NQ / (NQ + d - 1)`` of Eq. 8."""
+    if directions < 1 or dimension < 1:
+        raise ValueError(f"directions and dimension must be >= 1, got {directions}, {dimension}")
+    return directions / (directions + dimension - 1)
+
+
+def quantization_aware_scales(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1/s_w^2, 1/(s_in s_w)^2) per output channel, float64 (Appendix B)."""
+    s_w = torch.tensor(layer.weight_quant.scales, dtype=torch.float64)
+    s_b = s_w * layer.input_quant.scale
+    return s_w.pow(-2), s_b.pow(-2)
+
+
+def _channel_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return t.view(-1, *[1] * (like.dim() - 1))
+
+
+@torch.no_grad()
+def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
+                 gns: bool = True, qas: bool = True) -> dict[str, float]:
+    """Update ``layer.weight`` (int8) and ``layer.bias`` (int32) in place by Eq. 8.
+
+    Returns statistics: the GNS factor and the fraction of weights that changed (rounding
+    swallows updates below half an LSB, the failure mode QAS exists to prevent).
+    """
+    if not math.isfinite(lr) or lr < 0:
+        raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+    if not bool(torch.isfinite(estimate.weight).all()) or (
+            estimate.bias is not None and not bool(torch.isfinite(estimate.bias).all())):
+        raise FloatingPointError(f"non-finite gradient estimate; {type(layer).__name__} "
+                                 "left unchanged")
+    factor = gradient_norm_scale(estimate.directions, estimate.dimension) if gns else 1.0
+    step = lr * factor
+    qw, qb = quantization_aware_scales(layer) if qas else (None, None)
+    if qas:
+        qw, qb = qw.to(estimate.weight.device), qb.to(estimate.weight.device)
+    gw = estimate.weight if qw is None else estimate.weight * _channel_view(qw, estimate.weight)
+    w_old = layer.weight
+    w_new = torch.round(w_old.to(torch.float64) - step * gw).clamp_(-128, 127).to(torch.int8)
+    changed = float((w_new != w_old).float().mean())
+    layer.weight.copy_(w_new)
+    if estimate.bias is not None:
+        gb = estimate.bias if qb is None else estimate.bias * qb
+        b_new = torch.round(layer.bias.to(torch.float64) - step * gb)
+        layer.bias.copy_(b_new.clamp_(INT32_MIN, INT32_MAX).to(torch.int32))
+    return {"gns": factor, "changed": changed}

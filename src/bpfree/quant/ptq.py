@@ -1,0 +1,630 @@
+"""Post-training quantization (PTQ) of a float ``nn.Module`` into a real-quantized int8 model.
+
+PMT (§2.1, §4.1) trains a model that was "quantized to the INT8 format by post-training
+quantization", with "batch normalization layers fused into the adjacent convolution layer";
+only integer parameters and the integer inference graph exist on the MCU. This module builds
+that model from a float network, following the TFLite int8 quantization specification
+(``https://www.tensorflow.org/lite/performance/quantization_spec``):
+
+* BatchNorm folded into the preceding convolution (:func:`fold_batchnorm`);
+* weights: int8, symmetric per output channel, ``s_w[c] = max|w[c]| / 127`` (values in
+  [-127, 127], as the spec asks);
+* bias: int32 at scale ``s_in * s_w[c]``, ``round(b / (s_in * s_w[c]))``;
+* activations: int8, per-tensor asymmetric, ranges calibrated with forward hooks on the float
+  model (min / max, optionally percentiles), always containing 0 so that 0 (padding, ReLU) is
+  exactly representable;
+* ReLU / ReLU6 after a convolution or linear layer fused as a clamp of its output range;
+* residual ADD requantized with its own calibrated output range (:class:`~.layers.QAdd`).
+
+The result is a :class:`QuantizedModel` whose ``body`` is an ``nn.Sequential`` with one int8
+stage per top-level stage of the float ``nn.Sequential`` (``body[k]`` corresponds to
+``model[k]``), the layout :mod:`bpfree.pmt` trains stage by stage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import InvertedResidual
+from .fixed_point import INT8_MAX, INT8_MIN
+from .layers import (
+    QAdd,
+    QAvgPool2d,
+    QConv2d,
+    QFlatten,
+    QGlobalAvgPool2d,
+    QLinear,
+    QReLU,
+    _check_int8_input,
+)
+from .params import TensorQuant, WeightQuant
+
+#: Weights are quantized to [-127, 127] (TFLite spec: symmetric int8 weights avoid -128).
+WEIGHT_QMAX = 127
+#: Largest |int32 bias| PTQ produces: 2**24 keeps every bias exact in float32 (so the float
+#: twin of :mod:`.twin` holds it exactly) and far from int32 saturation. A channel whose bias
+#: would exceed it (tiny weights, large folded BN shift) gets a larger weight scale instead.
+BIAS_MAX = 2**24
+#: Smallest calibrated activation range: guards dead (constant zero) activations, whose range
+#: [0, 0] has no scale.
+MIN_RANGE = 2.0**-20
+
+_AFFINE = (QConv2d, QLinear)
+
+
+# ---------------------------------------------------------------------------------------------
+# Integer stages that layers.py does not provide
+# ---------------------------------------------------------------------------------------------
+
+
+class QMaxPool2d(nn.Module):
+    """Int8 max pooling (TFLite ``MaxPool``): input and output share one quantization.
+
+    The maximum commutes with the monotone affine dequantization, so pooling the int8 values is
+    exact; padded positions never win (PyTorch pads with -inf, TFLite skips them).
+    """
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1,
+                 ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = kernel_size if stride is None else stride
+        self.padding = padding
+        self.dilation = dilation
+        self.ceil_mode = bool(ceil_mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_int8_input(x)
+        # float32 holds every int8 value exactly; max is exact.
+        out = F.max_pool2d(x.to(torch.float32), self.kernel_size, self.stride, self.padding,
+                           self.dilation, self.ceil_mode)
+        return out.to(torch.int8)
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class QInvertedResidual(nn.Module):
+    """Int8 MobileNetV2 inverted-residual block: ``body`` (1x1 expand + ReLU6, 3x3 depthwise +
+    ReLU6, 1x1 linear project, each a :class:`~.layers.QConv2d` with BN folded) and, when the
+    float block has a residual, ``add`` (:class:`~.layers.QAdd`, TFLite's requantized ADD) of
+    the block input and the projection."""
+
+    def __init__(self, body: nn.Sequential, add: QAdd | None) -> None:
+        super().__init__()
+        self.body = body
+        self.add = add
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return out if self.add is None else self.add(x, out)
+
+
+class QuantizedModel(nn.Module):
+    """A real-quantized model: int8 stages between an input quantizer and an output dequantizer.
+
+    ``body`` is an ``nn.Sequential`` of stages that each map one int8 tensor to one int8 tensor
+    (``body[k]`` is the integer form of the float model's ``model[k]``). ``stage_quants[k]`` is
+    the :class:`TensorQuant` of the output of ``body[k]``; the input of stage 0 is
+    ``input_quant``, the logits are ``output_quant`` (= ``stage_quants[-1]``).
+    """
+
+    def __init__(self, body: nn.Sequential, input_quant: TensorQuant,
+                 stage_quants: Iterable[TensorQuant]) -> None:
+        super().__init__()
+        if not isinstance(body, nn.Sequential) or len(body) == 0:
+            raise ValueError(f"body must be a non-empty nn.Sequential of int8 stages, got {body!r}")
+        self.body = body
+        self.input_quant = input_quant
+        self.stage_quants = tuple(stage_quants)
+        if len(self.stage_quants) != len(body):
+            raise ValueError(f"stage_quants must have one TensorQuant per stage ({len(body)}), "
+                             f"got {len(self.stage_quants)}")
+        self.output_quant = self.stage_quants[-1]
+
+    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Float images to the int8 input (TFLite QUANTIZE with ``input_quant``)."""
+        return self.input_quant.quantize(x)
+
+    def forward_int(self, xq: torch.Tensor) -> torch.Tensor:
+        """int8 input to int8 logits (``output_quant``)."""
+        _check_int8_input(xq)
+        return self.body(xq)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Float (or already int8) input to dequantized float logits."""
+        xq = x if x.dtype == torch.int8 else self.quantize_input(x)
+        return self.output_quant.dequantize(self.forward_int(xq))
+
+    def extra_repr(self) -> str:
+        return f"input={self.input_quant}, output={self.output_quant}"
+
+
+def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every QConv2d / QLinear in forward order.
+
+    Works on a :class:`QuantizedModel` and on its float twin (:class:`~.twin.FloatTwin`, whose
+    affine layers carry the same names). Forward order is registration order: stages are
+    visited in ``body`` order and a block's convolutions before its ``add``.
+    """
+    from .twin import TwinConv2d, TwinLinear  # twin imports this module
+
+    kinds = _AFFINE + (TwinConv2d, TwinLinear)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
+
+
+# ---------------------------------------------------------------------------------------------
+# BatchNorm folding and weight quantization
+# ---------------------------------------------------------------------------------------------
+
+
+def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float (weight, bias) of ``conv`` with the eval-mode ``bn`` folded in (PMT §4.1).
+
+    ``BN(conv(x)) = gamma (W x + b - mean) / sqrt(var + eps) + beta``, so
+    ``W' = W * gamma / sqrt(var + eps)`` (per output channel) and
+    ``b' = beta + (b - mean) * gamma / sqrt(var + eps)``. Computed in float64, returned float32.
+    """
+    w = conv.weight.detach().to(torch.float64)
+    b = (conv.bias.detach().to(torch.float64) if conv.bias is not None
+         else torch.zeros(w.shape[0], dtype=torch.float64, device=w.device))
+    if bn is None:
+        return w.to(torch.float32), b.to(torch.float32)
+    mean = bn.running_mean.detach().to(torch.float64)
+    inv_std = torch.rsqrt(bn.running_var.detach().to(torch.float64) + bn.eps)
+    gamma = (bn.weight.detach().to(torch.float64) if bn.weight is not None
+             else torch.ones_like(mean))
+    beta = bn.bias.detach().to(torch.float64) if bn.bias is not None else torch.zeros_like(mean)
+    factor = gamma * inv_std
+    w = w * factor.view(-1, *([1] * (w.dim() - 1)))
+    b = beta + (b - mean) * factor
+    return w.to(torch.float32), b.to(torch.float32)
+
+
+def _round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """std::round (TFLite's rounding of weights and biases), not torch's half-to-even."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def quantize_weights(weight: torch.Tensor, bias: torch.Tensor, input_scale: float, name: str
+                     ) -> tuple[torch.Tensor, torch.Tensor, WeightQuant]:
+    """Symmetric per-output-channel int8 weights and int32 bias (TFLite spec).
+
+    ``s_w[c] = max|w[c]| / 127`` (raised where needed so that ``|bias| <= BIAS_MAX``; an all-zero
+    channel borrows the layer's largest scale, or 1/127), ``W = round(w / s_w)``,
+    ``B = round(b / (s_in * s_w))``. Returns (int8 weight, int32 bias, WeightQuant).
+    """
+    w = weight.detach().to(torch.float64).cpu()
+    b = bias.detach().to(torch.float64).cpu()
+    if not bool(torch.isfinite(w).all()) or not bool(torch.isfinite(b).all()):
+        raise ValueError(f"layer {name!r}: folded weights / bias are not finite (check the "
+                         "weights and BatchNorm statistics for nan / inf)")
+    s_in = float(np.float32(input_scale))
+    amax = w.abs().reshape(w.shape[0], -1).amax(dim=1)
+    scales = amax / WEIGHT_QMAX
+    fallback = float(scales.max()) if float(scales.max()) > 0 else 1.0 / WEIGHT_QMAX
+    scales = torch.where(scales > 0, scales, torch.full_like(scales, fallback))
+    scales = torch.maximum(scales, b.abs() / (s_in * BIAS_MAX))
+    # Round the scales to float32 first (TFLite stores float32 scales) and quantize with them.
+    scales = scales.to(torch.float32).to(torch.float64)
+    if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
+        raise ValueError(f"layer {name!r}: weight scales must be finite and > 0, got "
+                         f"{scales.tolist()}")
+    try:
+        wq = WeightQuant(scales.to(torch.float32))
+    except ValueError as err:
+        raise ValueError(f"layer {name!r}: {err}") from None
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    w_int = _round_half_away(w / scales.view(shape)).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX)
+    b_int = _round_half_away(b / (s_in * scales)).clamp_(-BIAS_MAX, BIAS_MAX)
+    return w_int.to(torch.int8), b_int.to(torch.int32), wq
+
+
+# ---------------------------------------------------------------------------------------------
+# Model analysis (everything is validated here, before calibration or construction)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Unit:
+    """One affine unit: Conv2d [+ BatchNorm2d] or Linear, with its fused activation."""
+
+    name: str
+    layer: nn.Module
+    bn: nn.BatchNorm2d | None
+    activation: str | None
+    out_key: str  # module whose output range is the unit's output quantization
+
+
+@dataclass
+class _Stage:
+    kind: str  # affine | block | gap | avgpool | maxpool | flatten | relu | identity
+    name: str
+    module: nn.Module
+    units: tuple[_Unit, ...] = ()
+    residual: bool = False
+    six: bool = False
+
+
+def _unsupported(name: str, module: nn.Module, where: str) -> ValueError:
+    return ValueError(
+        f"cannot quantize layer {name!r} of type {type(module).__name__} ({where}). Supported "
+        "top-level stages: Conv2d, Linear, Sequential(Conv2d [BatchNorm2d] [ReLU|ReLU6]) "
+        "(conv_bn), Sequential(Linear [ReLU|ReLU6]), InvertedResidual, AdaptiveAvgPool2d(1), "
+        "AvgPool2d, MaxPool2d, Flatten, ReLU, ReLU6, Dropout, Identity")
+
+
+def _activation_of(module: nn.Module) -> str | None:
+    if isinstance(module, nn.ReLU6):
+        return "relu6"
+    if isinstance(module, nn.ReLU):
+        return "relu"
+    return None
+
+
+def _check_finite(name: str, module: nn.Module) -> None:
+    for pname, t in list(module.named_parameters(recurse=False)) + list(
+            module.named_buffers(recurse=False)):
+        if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"layer {name!r}: {pname} has non-finite values (nan / inf)")
+
+
+def _conv_padding(conv: nn.Conv2d, name: str) -> tuple[int, int]:
+    if conv.padding_mode != "zeros":
+        raise ValueError(f"layer {name!r}: padding_mode must be 'zeros' (TFLite pads with the "
+                         f"input zero point), got {conv.padding_mode!r}")
+    if conv.padding == "valid":
+        return (0, 0)
+    if conv.padding == "same":
+        total = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size)]
+        if any(t % 2 for t in total):
+            raise ValueError(f"layer {name!r}: padding='same' with an even effective kernel is "
+                             "asymmetric; QConv2d pads symmetrically")
+        return (total[0] // 2, total[1] // 2)
+    return tuple(int(p) for p in conv.padding)
+
+
+def _check_layer(name: str, layer: nn.Module) -> None:
+    _check_finite(name, layer)
+    if isinstance(layer, nn.Conv2d):
+        _conv_padding(layer, name)
+
+
+def _check_bn(name: str, bn: nn.BatchNorm2d, conv: nn.Conv2d) -> None:
+    if type(bn) is not nn.BatchNorm2d:
+        raise _unsupported(name, bn, "only nn.BatchNorm2d folds into a convolution")
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError(f"layer {name!r}: BatchNorm2d needs running statistics to be folded "
+                         "(track_running_stats=True)")
+    if bn.num_features != conv.out_channels:
+        raise ValueError(f"layer {name!r}: BatchNorm2d has {bn.num_features} features, the "
+                         f"convolution {conv.out_channels} output channels")
+    _check_finite(name, bn)
+    if not bool((bn.running_var.detach() + bn.eps > 0).all()):
+        raise ValueError(f"layer {name!r}: running_var + eps must be > 0")
+
+
+def _parse_unit(name: str, seq: nn.Sequential) -> _Unit:
+    """Sequential(Conv2d [BatchNorm2d] [ReLU|ReLU6]) or Sequential(Linear [ReLU|ReLU6])."""
+    items = list(seq.named_children())
+    if not items:
+        raise _unsupported(name, seq, "empty Sequential")
+    first_name, layer = items[0]
+    if type(layer) not in (nn.Conv2d, nn.Linear):
+        raise _unsupported(f"{name}.{first_name}", layer,
+                           "a Sequential stage must start with Conv2d or Linear")
+    _check_layer(f"{name}.{first_name}", layer)
+    bn, activation, out_key = None, None, f"{name}.{first_name}"
+    for child_name, child in items[1:]:
+        qname = f"{name}.{child_name}"
+        if isinstance(child, nn.BatchNorm2d) and bn is None and activation is None \
+                and isinstance(layer, nn.Conv2d):
+            _check_bn(qname, child, layer)
+            bn = child
+        elif _activation_of(child) is not None and activation is None:
+            activation = _activation_of(child)
+        else:
+            raise _unsupported(qname, child, "inside a Sequential stage, after the Conv2d / "
+                               "Linear only one BatchNorm2d (convolutions) then one ReLU / ReLU6 "
+                               "may follow")
+        out_key = qname
+    return _Unit(name, layer, bn, activation, out_key)
+
+
+def _analyse(model: nn.Sequential) -> list[_Stage]:
+    if not isinstance(model, nn.Sequential):
+        raise ValueError("quantize_model needs an nn.Sequential of stages (each mapping one "
+                         f"tensor to one tensor), got {type(model).__name__}")
+    stages: list[_Stage] = []
+    for name, m in model.named_children():
+        if isinstance(m, InvertedResidual):
+            if not isinstance(m.conv, nn.Sequential) or len(m.conv) == 0:
+                raise _unsupported(name, m, "its .conv must be a non-empty Sequential")
+            units = []
+            for child_name, child in m.conv.named_children():
+                if not isinstance(child, nn.Sequential):
+                    raise _unsupported(f"{name}.conv.{child_name}", child,
+                                       "inverted-residual units must be conv_bn Sequentials")
+                unit = _parse_unit(f"{name}.conv.{child_name}", child)
+                if not isinstance(unit.layer, nn.Conv2d):
+                    raise _unsupported(f"{name}.conv.{child_name}", unit.layer,
+                                       "inverted-residual units must be convolutions")
+                units.append(unit)
+            stages.append(_Stage("block", name, m, tuple(units), residual=bool(m.use_residual)))
+        elif isinstance(m, nn.Sequential):
+            stages.append(_Stage("affine", name, m, (_parse_unit(name, m),)))
+        elif type(m) in (nn.Conv2d, nn.Linear):
+            _check_layer(name, m)
+            stages.append(_Stage("affine", name, m, (_Unit(name, m, None, None, name),)))
+        elif type(m) is nn.AdaptiveAvgPool2d:
+            size = m.output_size
+            if size not in (1, (1, 1), [1, 1]):
+                raise _unsupported(name, m, f"only output_size 1 (global pooling), got {size!r}")
+            stages.append(_Stage("gap", name, m))
+        elif type(m) is nn.AvgPool2d:
+            pad = m.padding if isinstance(m.padding, tuple) else (m.padding, m.padding)
+            if m.ceil_mode or m.divisor_override is not None:
+                raise _unsupported(name, m, "ceil_mode and divisor_override are not supported")
+            if any(pad) and m.count_include_pad:
+                raise _unsupported(name, m, "with padding, count_include_pad must be False "
+                                   "(TFLite's AveragePool excludes padding from the count)")
+            stages.append(_Stage("avgpool", name, m))
+        elif type(m) is nn.MaxPool2d:
+            if m.return_indices:
+                raise _unsupported(name, m, "return_indices=True")
+            stages.append(_Stage("maxpool", name, m))
+        elif type(m) is nn.Flatten:
+            stages.append(_Stage("flatten", name, m))
+        elif type(m) in (nn.ReLU, nn.ReLU6):
+            stages.append(_Stage("relu", name, m, six=isinstance(m, nn.ReLU6)))
+        elif type(m) in (nn.Identity, nn.Dropout):
+            stages.append(_Stage("identity", name, m))
+        else:
+            raise _unsupported(name, m, "no integer kernel for it")
+    if not stages:
+        raise ValueError("quantize_model needs a non-empty nn.Sequential")
+    # A top-level ReLU / ReLU6 right after an affine stage without activation is fused into it
+    # (the int8 output then uses the post-activation range); the ReLU stage stays as an
+    # idempotent QReLU clamp so that body[k] keeps matching model[k].
+    for prev, stage in zip(stages, stages[1:]):
+        if stage.kind == "relu" and prev.kind == "affine" and prev.units[0].activation is None:
+            unit = prev.units[0]
+            unit.activation = "relu6" if stage.six else "relu"
+            unit.out_key = stage.name
+    return stages
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------------
+
+
+class _Observer:
+    """Running min / max (or mean per-batch percentiles) of one tensor."""
+
+    def __init__(self, percentile: float | None, name: str | None = None) -> None:
+        self.percentile = percentile
+        self.name = name
+        self.lo, self.hi = math.inf, -math.inf
+        self.los: list[float] = []
+        self.his: list[float] = []
+
+    def update(self, t: torch.Tensor) -> None:
+        t = t.detach()
+        if not bool(torch.isfinite(t).all()):
+            where = ("in the calibration inputs" if self.name is None
+                     else f"at the output of layer {self.name!r}")
+            raise ValueError(f"calibration produced non-finite values (nan / inf) {where}")
+        if self.percentile is None:
+            self.lo = min(self.lo, float(t.min()))
+            self.hi = max(self.hi, float(t.max()))
+            return
+        v = t.reshape(-1).to(torch.float32)
+        step = max(1, v.numel() // 2**20)  # deterministic subsample keeps quantile() cheap
+        v = v[::step]
+        q = torch.quantile(v, torch.tensor([1 - self.percentile / 100, self.percentile / 100],
+                                           device=v.device))
+        self.los.append(float(q[0]))
+        self.his.append(float(q[1]))
+
+    def range(self) -> tuple[float, float]:
+        if self.percentile is None:
+            return self.lo, self.hi
+        return float(np.mean(self.los)), float(np.mean(self.his))
+
+
+def tensor_quant_from_range(lo: float, hi: float) -> TensorQuant:
+    """Asymmetric int8 quantization of the real range [lo, hi] extended to contain 0.
+
+    ``scale = (hi - lo) / 255``, ``zero_point = round(-128 - lo / scale)`` clamped to int8
+    (the TFLite converter's choice of parameters; the integer zero point makes 0 exact).
+    Ranges narrower than ``MIN_RANGE`` (dead activations) are widened to it.
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+        raise ValueError(f"activation range must be finite with lo <= hi, got [{lo!r}, {hi!r}]")
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi - lo < MIN_RANGE:
+        hi = lo + MIN_RANGE
+    scale = float(np.float32((hi - lo) / (INT8_MAX - INT8_MIN)))
+    zp = INT8_MIN - lo / scale
+    zp = int(math.floor(abs(zp) + 0.5) * (1 if zp >= 0 else -1))
+    return TensorQuant(scale, max(INT8_MIN, min(INT8_MAX, zp)))
+
+
+def _batches(calibration) -> Iterable[torch.Tensor]:
+    if isinstance(calibration, torch.Tensor):
+        yield calibration
+        return
+    for batch in calibration:
+        if isinstance(batch, (tuple, list)):  # (inputs, targets) from a DataLoader
+            batch = batch[0]
+        if not isinstance(batch, torch.Tensor) or not batch.is_floating_point():
+            raise ValueError("calibration must be a float tensor or an iterable of float input "
+                             f"tensors (or (input, target) pairs), got {type(batch).__name__}")
+        yield batch
+
+
+def _calibrate(model: nn.Sequential, stages: list[_Stage], calibration, percentile,
+               input_range) -> tuple[TensorQuant, dict[str, TensorQuant]]:
+    keys = [s.name for s in stages]
+    for s in stages:
+        keys += [u.out_key for u in s.units]
+    modules = dict(model.named_modules())
+    observers = {k: _Observer(percentile, k) for k in dict.fromkeys(keys)}
+    input_obs = _Observer(None)
+    handles = []
+    for key, obs in observers.items():
+        handles.append(modules[key].register_forward_hook(
+            lambda mod, args, out, obs=obs: obs.update(out)))
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    n = 0
+    try:
+        model.eval()
+        with torch.no_grad():
+            for x in _batches(calibration):
+                x = x.to(device)
+                input_obs.update(x)
+                model(x)
+                n += 1
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    if n == 0:
+        raise ValueError("calibration is empty: pass at least one batch of float inputs")
+    if input_range is not None:
+        try:
+            lo, hi = (float(v) for v in input_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"input_range must be a pair (lo, hi) of floats, got "
+                             f"{input_range!r}") from None
+        input_quant = tensor_quant_from_range(lo, hi)
+    else:
+        input_quant = tensor_quant_from_range(*input_obs.range())
+    return input_quant, {k: tensor_quant_from_range(*o.range()) for k, o in observers.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Construction
+# ---------------------------------------------------------------------------------------------
+
+
+def _build_unit(unit: _Unit, q_in: TensorQuant, q_out: TensorQuant, accumulate: str,
+                backend: str) -> nn.Module:
+    layer = unit.layer
+    if isinstance(layer, nn.Conv2d):
+        w, b = fold_batchnorm(layer, unit.bn)
+    else:
+        w = layer.weight.detach().to(torch.float32)
+        b = (layer.bias.detach().to(torch.float32) if layer.bias is not None
+             else torch.zeros(w.shape[0]))
+    w_int, b_int, wq = quantize_weights(w, b, q_in.scale, unit.name)
+    try:
+        if isinstance(layer, nn.Conv2d):
+            return QConv2d(w_int, b_int, weight_scale=wq, input_quant=q_in, output_quant=q_out,
+                           stride=tuple(layer.stride), padding=_conv_padding(layer, unit.name),
+                           dilation=tuple(layer.dilation), groups=layer.groups,
+                           activation=unit.activation, accumulate=accumulate, backend=backend)
+        return QLinear(w_int, b_int, weight_scale=wq, input_quant=q_in, output_quant=q_out,
+                       activation=unit.activation, accumulate=accumulate, backend=backend)
+    except ValueError as err:
+        raise ValueError(f"layer {unit.name!r}: {err}") from None
+
+
+def quantize_model(model: nn.Module, calibration, *, input_range: tuple[float, float] | None = None,
+                   percentile: float | None = None, accumulate: str = "auto",
+                   backend: str = "auto") -> QuantizedModel:
+    """Post-training quantization of a float ``nn.Sequential`` to a :class:`QuantizedModel`.
+
+    PMT §4.1: the model is "quantized to the INT8 format by post-training quantization" with
+    BN "fused into the adjacent convolution layer"; the parameters follow the TFLite int8 spec
+    (module docstring).
+
+    Args:
+        model: float ``nn.Sequential`` of stages (see the error message of an unsupported layer
+            for the list); evaluated in eval mode (BN running statistics), its mode is restored
+            and it is not modified.
+        calibration: one float input tensor, or an iterable of them (or of (input, target)
+            pairs), run through ``model`` to record activation ranges.
+        input_range: (lo, hi) real range of the inputs, e.g. (0, 1) for images in [0, 1];
+            default: the min / max of the calibration inputs.
+        percentile: None (min / max over all batches) or p in (50, 100]: each activation range
+            is [P(100 - p), P(p)] per batch, averaged over batches (clips outliers).
+        accumulate, backend: passed to every QConv2d / QLinear.
+
+    Returns the integer model on the float model's device. Raises ValueError naming the layer
+    (qualified name and type) for an unsupported layer, before anything is built, and for
+    non-finite weights, BN statistics or scales.
+    """
+    if percentile is not None and (isinstance(percentile, bool) or not
+                                   isinstance(percentile, (int, float)) or
+                                   not 50 < percentile <= 100):
+        raise ValueError(f"percentile must be None or a number in (50, 100], got {percentile!r}")
+    stages = _analyse(model)
+    input_quant, quants = _calibrate(model, stages, calibration, percentile, input_range)
+
+    body, stage_quants = [], []
+    q = input_quant
+    for stage in stages:
+        if stage.kind == "affine":
+            unit = stage.units[0]
+            q_out = quants[unit.out_key]
+            module = _build_unit(unit, q, q_out, accumulate, backend)
+        elif stage.kind == "block":
+            convs, q_unit = [], q
+            for i, unit in enumerate(stage.units):
+                last = i == len(stage.units) - 1
+                # Without a residual the block output is the last unit's output.
+                key = stage.name if last and not stage.residual else unit.out_key
+                q_next = quants[key]
+                convs.append(_build_unit(unit, q_unit, q_next, accumulate, backend))
+                q_unit = q_next
+            add = None
+            q_out = q_unit
+            if stage.residual:
+                q_out = quants[stage.name]
+                try:
+                    add = QAdd(q, q_unit, q_out, backend=backend)
+                except ValueError as err:
+                    raise ValueError(f"layer {stage.name!r} (residual add): {err}") from None
+            module = QInvertedResidual(nn.Sequential(*convs), add)
+        elif stage.kind == "gap":
+            q_out = quants[stage.name]
+            module = QGlobalAvgPool2d(q, q_out, keepdim=True)
+        elif stage.kind == "avgpool":
+            m = stage.module
+            q_out, module = q, QAvgPool2d(m.kernel_size, m.stride, m.padding, quant=q)
+        elif stage.kind == "maxpool":
+            m = stage.module
+            q_out, module = q, QMaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation,
+                                          m.ceil_mode)
+        elif stage.kind == "flatten":
+            m = stage.module
+            q_out, module = q, QFlatten(m.start_dim, m.end_dim)
+        elif stage.kind == "relu":
+            q_out, module = q, QReLU(q, six=stage.six)
+        else:
+            q_out, module = q, nn.Identity()
+        body.append(module)
+        stage_quants.append(q_out)
+        q = q_out
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return QuantizedModel(nn.Sequential(*body), input_quant, stage_quants).to(device)
+
+
+def stage_output_quant(stage: nn.Module, input_quant: TensorQuant) -> TensorQuant:
+    """The output :class:`TensorQuant` of an int8 stage given its input's."""
+    if isinstance(stage, (QConv2d, QLinear, QGlobalAvgPool2d)):
+        return stage.output_quant
+    if isinstance(stage, QInvertedResidual):
+        return stage.add.output_quant if stage.add is not None else stage.body[-1].output_quant
+    return input_quant
