@@ -10,6 +10,11 @@ same total number of forward passes (MeZO as more 2-forward steps, DeepZero as `
 coordinates per step); PMT sparse spends its block-selection trials plus ``epochs`` epochs on
 the chosen block; BP methods train ``epochs`` epochs (their forward count is N per step, plus
 a backward pass the forward count does not show).
+
+Learning rates: PMT and MeZO share ``lr`` (both with GNS and QAS, so one global rate serves
+every layer, §3.1.2); DeepZero uses ``cge_lr``; each BP method picks its rate from ``bp_lrs``
+on a held-out fifth of the training data (:func:`pick_bp_lr`), because un-normalised BP
+gradients on heavily corrupted inputs need a task-dependent rate.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch import nn
 
 from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from .harness import accuracy, fit
-from .sparse import select_block, split_blocks
+from .sparse import holdout_split, select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 
 METHODS = ("no-adaptation", "fp32-bp", "int8-bp", "int8-sparse-bp", "mezo", "deepzero",
@@ -38,8 +43,9 @@ class Setup:
     queries: int = 5
     epochs: int = 2
     batch_size: int = 100
-    lr: float = 0.05
-    bp_lr: float = 0.05
+    lr: float = 0.1
+    cge_lr: float = 0.05
+    bp_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
     seed: int = 0
     methods: tuple[str, ...] = METHODS
     curve_points: int = 60
@@ -50,9 +56,10 @@ class Setup:
             raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
         if self.queries < 1 or self.epochs < 1 or self.batch_size < 1:
             raise ValueError("queries, epochs and batch_size must be >= 1")
-        if not (math.isfinite(self.lr) and self.lr > 0 and math.isfinite(self.bp_lr)
-                and self.bp_lr > 0):
-            raise ValueError(f"learning rates must be finite and > 0, got {self.lr}, {self.bp_lr}")
+        rates = (self.lr, self.cge_lr, *self.bp_lrs)
+        if not self.bp_lrs or not all(math.isfinite(r) and r > 0 for r in rates):
+            raise ValueError(f"learning rates must be finite and > 0 (and bp_lrs non-empty), "
+                             f"got lr={self.lr}, cge_lr={self.cge_lr}, bp_lrs={self.bp_lrs}")
 
 
 @dataclass
@@ -88,9 +95,39 @@ def _train(method, x, y, setup: Setup, epochs: int, lr: float, model, test) -> M
                         loss, fw)
 
 
+def pick_bp_lr(make, x, y, setup: Setup) -> tuple[float, dict[float, float]]:
+    """The BP learning rate of ``setup.bp_lrs`` with the best held-out accuracy.
+
+    BP's gradients are not normalised like PMT's (GNS), so its rate depends on the task; it is
+    chosen per task on a held-out 20% of the training data (never on the test set).
+    ``make()`` returns ``(method, model)`` on fresh copies.
+    """
+    train_idx, held_idx = holdout_split(x.shape[0], 0.2, setup.seed)
+    scores = {}
+    for lr in setup.bp_lrs:
+        method, model = make()
+        fit(method, x[train_idx], y[train_idx], epochs=setup.epochs,
+            batch_size=setup.batch_size, lr=lr, seed=setup.seed)
+        scores[lr] = accuracy(model, x[held_idx], y[held_idx])
+    best = max(setup.bp_lrs, key=lambda r: (scores[r], -r))
+    return best, scores
+
+
 def pmt_dense_forwards(num_layers: int, setup: Setup, n_train: int) -> int:
     """Forward passes of PMT dense: per step N (clean) + L*Q*N, over all steps."""
     return setup.epochs * n_train * (1 + num_layers * setup.queries)
+
+
+def _bp_maker(name: str, float_model: nn.Module, qmodel: nn.Module, selection):
+    def make():
+        if name == "fp32-bp":
+            f = copy.deepcopy(float_model)
+            return FullTrainFP32(f), f
+        q = copy.deepcopy(qmodel)
+        if name == "int8-bp":
+            return FullTrainINT8(q, qas=True), q
+        return SparseBP(q, trainable=selection.blocks[selection.chosen - 1], qas=True), q
+    return make
 
 
 def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
@@ -118,17 +155,17 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
         q = copy.deepcopy(qmodel)
         if name == "no-adaptation":
             out[name] = MethodResult(accuracy(q, *test), 0, 0.0)
-        elif name == "fp32-bp":
-            f = copy.deepcopy(float_model)
-            out[name] = _train(FullTrainFP32(f), x, y, setup, setup.epochs, setup.bp_lr, f, test)
-        elif name == "int8-bp":
-            out[name] = _train(FullTrainINT8(q, qas=True), x, y, setup, setup.epochs,
-                               setup.bp_lr, q, test)
-        elif name == "int8-sparse-bp":
-            chosen = selection.blocks[selection.chosen - 1]
-            out[name] = _train(SparseBP(q, trainable=chosen, qas=True), x, y, setup,
-                               setup.epochs, setup.bp_lr, q, test)
-            out[name].extra = {"block": selection.chosen}
+        elif name in ("fp32-bp", "int8-bp", "int8-sparse-bp"):
+            make = _bp_maker(name, float_model, qmodel, selection)
+            t0 = time.perf_counter()
+            lr, scores = pick_bp_lr(make, x, y, setup)
+            tuning = time.perf_counter() - t0
+            method, model = make()
+            out[name] = _train(method, x, y, setup, setup.epochs, lr, model, test)
+            out[name].extra = {"lr": lr, "lr_holdout_accuracy": scores,
+                               "lr_search_seconds": tuning}
+            if name == "int8-sparse-bp":
+                out[name].extra["block"] = selection.chosen
         elif name == "mezo":
             steps_per_epoch = math.ceil(x.shape[0] / setup.batch_size)
             epochs = max(1, round(budget / (2 * x.shape[0])))
@@ -139,7 +176,7 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
         elif name == "deepzero":
             k = len(layers) * setup.queries
             method = DeepZeroCGE(q, example, coordinates=k, seed=setup.seed, qas=True)
-            out[name] = _train(method, x, y, setup, setup.epochs, setup.bp_lr, q, test)
+            out[name] = _train(method, x, y, setup, setup.epochs, setup.cge_lr, q, test)
             out[name].extra = {"coordinates_per_step": k}
         elif name == "pmt-dense":
             out[name] = _train(pmt(q), x, y, setup, setup.epochs, setup.lr, q, test)
@@ -150,3 +187,30 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
             res.extra = {"block": selection.chosen, "selection_forwards": selection.forwards}
             out[name] = res
     return out
+
+
+def ablation(qmodel: nn.Module, train, test, config: PMTConfig, *, epochs: int, lr: float,
+             batch_size: int, seed: int = 0, curve_points: int = 60) -> MethodResult:
+    """Train a copy of ``qmodel`` with one PMT configuration (Fig. 7 ablations)."""
+    q = copy.deepcopy(qmodel)
+    trainer = PMTTrainer(q, config, example=train[0][:2])
+    setup = Setup(queries=config.queries, epochs=epochs, batch_size=batch_size, lr=lr,
+                  seed=seed, curve_points=curve_points)
+    res = _train(trainer, *train, setup, epochs, lr, q, test)
+    res.extra = {"modes": dict(trainer.modes)}
+    return res
+
+
+def run_task(task: tuple[str, dict]) -> dict:
+    """Process-pool entry point: ``("adapt" | "ablation", kwargs)`` on one CPU thread.
+
+    Results come back as plain dicts so that they pickle cheaply.
+    """
+    torch.set_num_threads(1)
+    kind, kwargs = task
+    if kind == "adapt":
+        out = adapt(**kwargs)
+        return {k: (v.as_dict() if isinstance(v, MethodResult) else v) for k, v in out.items()}
+    if kind == "ablation":
+        return ablation(**kwargs).as_dict()
+    raise ValueError(f"unknown task kind {kind!r}; expected 'adapt' or 'ablation'")

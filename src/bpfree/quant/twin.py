@@ -171,17 +171,9 @@ class TwinAdd(nn.Module):
         return _fake_quantize(y, self.output_quant) if self.fake_quant else y
 
 
-class TwinInvertedResidual(nn.Module):
-    """Float twin of :class:`~.ptq.QInvertedResidual` (same ``body`` / ``add`` names)."""
-
-    def __init__(self, body: nn.Sequential, add: TwinAdd | None) -> None:
-        super().__init__()
-        self.body = body
-        self.add = add
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.body(x)
-        return out if self.add is None else self.add(x, out)
+class TwinInvertedResidual(QInvertedResidual):
+    """Float twin of :class:`~.ptq.QInvertedResidual`: the same composition (``body``, then
+    ``add`` of input and output) over twin layers, so module names match."""
 
 
 class FloatTwin(nn.Module):
