@@ -4,11 +4,14 @@ Two views of the same question:
 
 - analytic — :func:`analytic` applies a method's rule (PMT Table 3, made per-layer) to a
   :func:`profile_model` of the network; :func:`register_rule` lets each method add its own
-  (built in: inference, bp, zo_*, and the int8 MCU methods pmt, pmt-sparse, mezo, cge,
-  bp-int8, sparse-bp); :func:`macs_per_iteration` gives a method's compute per step and
-  :func:`pmt_modes` PMT's WP/NP choice per layer;
+  (built in: inference, bp, zo_*, the int8 MCU methods pmt, pmt-sparse, mezo, cge,
+  bp-int8, sparse-bp, and QZO-FF's ff and bp-ff-compare); :func:`macs_per_iteration`
+  gives a method's compute per step and :func:`pmt_modes` PMT's WP/NP choice per layer;
 - measured — :func:`measure_peak` runs one step and reports the peak tensor storage it
-  allocated; :func:`peak_extra_bytes` compares a training step with plain inference.
+  allocated; :func:`peak_extra_bytes` compares a training step with plain inference;
+- QZO-FF Figures 3 / 4 — :func:`scratch_vs_weights` splits BP and forward-gradient
+  training into scratch and weight bytes (fp16 / 16w8a, FT / LP / sparse) and
+  :func:`plot_scratch_vs_weights` draws the stacked bars.
 
 Both produce numbers a :class:`MemoryReport` can hold (parameters, trainable_copy,
 activations, gradient_buffers, optimizer_state, seeds_losses, plus extras).
@@ -16,10 +19,13 @@ activations, gradient_buffers, optimizer_state, seeds_losses, plus extras).
 
 from .rules import (
     BIAS_BYTES,
+    FF_PRECISIONS,
     GRAD_BYTES,
     LOSS_BYTES,
     NONLINEAR_LAYER_TYPES,
     SEED_BYTES,
+    SIGN_BYTES,
+    SPARSE_MASKS,
     analytic,
     macs_per_iteration,
     method_defaults,
@@ -27,12 +33,24 @@ from .rules import (
     register_rule,
     registered_rules,
 )
+from .scratch import (
+    FF_METHODS,
+    FF_MODES,
+    attention_heads,
+    default_head,
+    plot_scratch_vs_weights,
+    scratch_vs_weights,
+)
 from .measure import MeasuredMemory, PeakMemoryTracker, measure_peak, peak_extra_bytes
 from .profile import LayerProfile, ModelProfile, profile_model
 from .report import CANONICAL_PARTS, MemoryReport, format_bytes
 
 __all__ = [
     "BIAS_BYTES",
+    "FF_METHODS",
+    "FF_MODES",
+    "FF_PRECISIONS",
+    "SPARSE_MASKS",
     "CANONICAL_PARTS",
     "GRAD_BYTES",
     "LOSS_BYTES",
@@ -44,13 +62,17 @@ __all__ = [
     "ModelProfile",
     "PeakMemoryTracker",
     "analytic",
+    "attention_heads",
+    "default_head",
     "format_bytes",
     "macs_per_iteration",
     "measure_peak",
     "method_defaults",
     "peak_extra_bytes",
+    "plot_scratch_vs_weights",
     "pmt_modes",
     "profile_model",
     "register_rule",
     "registered_rules",
+    "scratch_vs_weights",
 ]
