@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .vit import mnist_vit
+
 
 def digits_mlp() -> nn.Sequential:
     """64–64–10 MLP for scikit-learn's 8×8 digits (the demo's model)."""
@@ -96,6 +98,8 @@ MODELS = {spec.name: spec for spec in (
     ModelSpec("mnist-cnn", mnist_cnn, (1, 28, 28), "2-conv CNN on 1x28x28 (throughput benchmark)"),
     ModelSpec("mnist-mobilenet", mnist_mobilenet, (1, 28, 28),
               "MobileNetV2-style CNN on 1x28x28 (PMT benchmark; PTQ to int8)"),
+    ModelSpec("mnist-vit", mnist_vit, (1, 28, 28),
+              "TinyViT on 1x28x28: 7x7 patches, dim 64, depth 4 (QZO-FF few-shot / D-VPT)"),
 )}
 
 

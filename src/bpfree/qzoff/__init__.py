@@ -1,0 +1,51 @@
+"""QZO-FF: quantized zeroth-order forward-gradient learning (Feng et al., NeurIPS 2024,
+"Stepping Forward on the Last Mile").
+
+* :mod:`.fixed_point`: the integer arithmetic of §3.3 / Appendix A (Eqs. 5-8).
+* :mod:`.model`: integer weights + fake-quantized activations of a float module (16w8a).
+* :mod:`.sampling`: momentum-guided sampling (§3.4).
+* :mod:`.sparsity`: sparse-update masks (§3.4).
+* :mod:`.optim`: SGD / momentum / AdamW steps from the forward gradient.
+* :mod:`.trainer`: :class:`QZOFF`, the sign-m-SPSA trainer (Algorithm 1 + §3.4).
+"""
+
+from .fixed_point import (
+    EpsilonUnderflowWarning,
+    accumulate_gradient,
+    perturbation_multiplier,
+    perturbed_weights,
+    quantize_epsilon,
+    quantize_weights,
+    quantized_update,
+    update_multiplier,
+)
+from .model import ActivationQuantizer, QuantizedParams, select_parameters
+from .optim import FloatOptimizer, make_optimizer
+from .sampling import MomentumSampling, quantize_perturbation
+from .sparsity import make_mask, random_mask, threshold_mask, topk_magnitude_mask
+from .trainer import QZOFF, QZOFFConfig, QZOFFEstimate
+
+__all__ = [
+    "QZOFF",
+    "ActivationQuantizer",
+    "EpsilonUnderflowWarning",
+    "FloatOptimizer",
+    "MomentumSampling",
+    "QZOFFConfig",
+    "QZOFFEstimate",
+    "QuantizedParams",
+    "accumulate_gradient",
+    "make_mask",
+    "make_optimizer",
+    "perturbation_multiplier",
+    "perturbed_weights",
+    "quantize_epsilon",
+    "quantize_perturbation",
+    "quantize_weights",
+    "quantized_update",
+    "random_mask",
+    "select_parameters",
+    "threshold_mask",
+    "topk_magnitude_mask",
+    "update_multiplier",
+]
