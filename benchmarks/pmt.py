@@ -82,7 +82,8 @@ def _settings(quick: bool) -> dict:
 
     if quick:
         return dict(pretrain_images=20000, pretrain_epochs=3, test_images=1000,
-                    corruptions=QUICK_CORRUPTIONS, setup=Setup(queries=5, epochs=2),
+                    corruptions=QUICK_CORRUPTIONS,
+                    setup=Setup(queries=5, epochs=2, bp_lrs=(1e-3, 3e-3, 1e-2)),
                     cosine_queries=(1, 10), cosine_batch=100)
     return dict(pretrain_images=60000, pretrain_epochs=4, test_images=10000,
                 corruptions=FULL_CORRUPTIONS, setup=Setup(queries=10, epochs=5),
@@ -197,7 +198,7 @@ def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
 def run(quick: bool):
     from bpfree.data import corrupt, load_mnist
     from bpfree.pmt import PMTConfig, accuracy
-    from bpfree.pmt.diagnostic import gradient_cosines, plot_cosines
+    from bpfree.pmt.diagnostic import plot_cosines
     from bpfree.pmt.experiment import run_task
     from bpfree.quant import quantize_model
 
@@ -254,13 +255,14 @@ def run(quick: bool):
     torch.set_num_threads(1)
     results = {}
     ctx = multiprocessing.get_context("spawn")
+    xb, yb = gauss[0][0][:cfg["cosine_batch"]], gauss[0][1][:cfg["cosine_batch"]]
+    tasks[("cosine",)] = ("cosine", dict(qmodel=qmodel, x=xb, y=yb,
+                                         queries=cfg["cosine_queries"], seed=SEED))
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(run_task, task): key for key, task in tasks.items()}
-        # The diagnostic runs here while the pool works (one more thread of work).
-        xb, yb = gauss[0][0][:cfg["cosine_batch"]], gauss[0][1][:cfg["cosine_batch"]]
-        cos = gradient_cosines(qmodel, xb, yb, queries=cfg["cosine_queries"], seed=SEED)
         for fut in cf.as_completed(futures):
             results[futures[fut]] = fut.result()
+    cos = results.pop(("cosine",))
     ablation_results, ablation_lr = {}, {}
     for key, res in results.items():
         if key[0] != "ablation":

@@ -202,7 +202,7 @@ def ablation(qmodel: nn.Module, train, test, config: PMTConfig, *, epochs: int, 
 
 
 def run_task(task: tuple[str, dict]) -> dict:
-    """Process-pool entry point: ``("adapt" | "ablation", kwargs)`` on one CPU thread.
+    """Process-pool entry point: ``("adapt" | "ablation" | "cosine", kwargs)``, one CPU thread.
 
     Results come back as plain dicts so that they pickle cheaply.
     """
@@ -213,4 +213,8 @@ def run_task(task: tuple[str, dict]) -> dict:
         return {k: (v.as_dict() if isinstance(v, MethodResult) else v) for k, v in out.items()}
     if kind == "ablation":
         return ablation(**kwargs).as_dict()
-    raise ValueError(f"unknown task kind {kind!r}; expected 'adapt' or 'ablation'")
+    if kind == "cosine":
+        from .diagnostic import gradient_cosines
+
+        return gradient_cosines(**kwargs)
+    raise ValueError(f"unknown task kind {kind!r}; expected 'adapt', 'ablation' or 'cosine'")
