@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .vit import mnist_vit
+from bpfree.tt.mlp import tt_mlp_r6, tt_mlp_r10
 
 
 def digits_mlp() -> nn.Sequential:
@@ -100,6 +101,10 @@ MODELS = {spec.name: spec for spec in (
               "MobileNetV2-style CNN on 1x28x28 (PMT benchmark; PTQ to int8)"),
     ModelSpec("mnist-vit", mnist_vit, (1, 28, 28),
               "TinyViT on 1x28x28: 7x7 patches, dim 64, depth 4 (QZO-FF few-shot / D-VPT)"),
+    ModelSpec("tt-mlp-r6", tt_mlp_r6, (784,),
+              "TT-MLP 784-1024-10, ranks [1,6,6,6,1] (TT-ZO §5.1, 3,962 parameters)"),
+    ModelSpec("tt-mlp-r10", tt_mlp_r10, (784,),
+              "TT-MLP 784-1024-10, ranks [1,10,10,10,1] (TT-ZO Table 2, 8,314 parameters)"),
 )}
 
 
