@@ -1,0 +1,540 @@
+"""QZO-FF experiments at MNIST scale: few-shot episodes, OOD adaptation, ablations, landscape.
+
+Shared by ``bpfree bench qzo-ff`` (benchmarks/qzo_ff.py) and usable on its own. Every public
+task function takes and returns plain picklable values (state dicts, lists, floats) so that
+the benchmark can run it in a spawn-context process pool with one torch thread per worker;
+:func:`run_task` is the pool's entry point.
+
+The backbone is ``mnist-cnn`` (:func:`bpfree.models.mnist_cnn`: two conv layers, a 1568-d
+feature and a linear head), pretrained with BP by :func:`pretrain`. (TinyViT was the first
+choice, as the paper's ablations use ViT tiny, but it needs several epochs of MNIST to pass 90 %,
+too slow for a 10-minute benchmark on 2 CPU cores.)
+
+* :func:`fewshot_chunk` -- QZO-FF §4.1 / Table 2: 5-way 5-shot episodes from held-out classes;
+  per episode zero-shot ProtoNet, BP FT / BP LP (:func:`bpfree.fewshot.bp_finetune`), FF FT,
+  FF LP and FF LP 16w8a (:class:`~bpfree.qzoff.QZOFF` with AdamW, same steps as BP).
+* :func:`ood_task` -- QZO-FF §4.3 / Table 5: linear probing (one linear decoder, "LP 1 LN") of
+  a pretrained backbone on corrupted digits: zero-shot, BP, FF, FF + 90 % sparse (top-k
+  magnitude mask), FF 16w8a, and optional extra FF variants (bit widths, m).
+* :func:`landscape_task` -- App. E / Fig. 6: BP and FF trajectories of the linear decoder and
+  the 2-D loss contours around the final weights (:func:`bpfree.landscape.landscape_figure`).
+
+Linear probing trains only the decoder, so the frozen backbone's features are computed once
+per data set (:func:`frozen_features`) and the decoder is trained on them. With static
+activation ranges this is the same computation as running the whole network each step: in
+16w8a the backbone's activations are fake-quantized to 8 bits (ranges calibrated on the
+training / support images) and in fp16 rounded to float16, exactly as QZO-FF's
+``ActivationQuantizer`` does on the full model.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..fewshot import bp_finetune, feature_function, protonet_predict, sample_episodes
+from ..pmt.harness import fit
+from .model import ActivationQuantizer
+from .trainer import QZOFF, QZOFFConfig
+
+__all__ = [
+    "PRECISIONS",
+    "BPAdamW",
+    "build_backbone",
+    "ff_config",
+    "fewshot_chunk",
+    "frozen_features",
+    "landscape_task",
+    "load_images",
+    "ood_data",
+    "ood_task",
+    "pretrain",
+    "prototype_head",
+    "run_task",
+    "train_head",
+]
+
+#: Arithmetic of a forward-gradient run: fp32 / fp16 floats or ``<w>w<a>a`` fixed point.
+PRECISIONS = ("fp32", "fp16", "16w8a", "8w8a")
+
+
+# --------------------------------------------------------------------------- data and models
+
+def _to_tensor(images: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0).unsqueeze(1)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(kind: str, split: str):
+    from ..data import load_mnist
+
+    return load_mnist(split=split, kind=kind)
+
+
+def load_images(kind: str = "mnist", split: str = "train", classes=None, limit: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x [N,1,28,28] in 0..1, y int64)`` of MNIST / Fashion-MNIST, restricted to ``classes``
+    (labels kept as they are) and to the first ``limit`` of those samples."""
+    images, labels = _load(kind, split)
+    idx = np.arange(len(labels))
+    if classes is not None:
+        idx = idx[np.isin(labels, list(classes))]
+    if limit is not None:
+        idx = idx[:limit]
+    return _to_tensor(images[idx]), torch.from_numpy(labels[idx].astype(np.int64))
+
+
+def build_backbone(num_classes: int = 10, state: dict | None = None) -> nn.Sequential:
+    """The benchmark backbone (``mnist-cnn`` with a ``num_classes`` head), optionally loaded;
+    ``model[:-1]`` is the feature extractor, ``model[-1]`` the linear head."""
+    from ..models import mnist_cnn
+
+    model = mnist_cnn()
+    if num_classes != 10:
+        model[-1] = nn.Linear(model[-1].in_features, num_classes)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.eval()
+
+
+def pretrain(kind: str = "mnist", classes=None, images: int = 10000, epochs: int = 2,
+             lr: float = 2e-3, batch_size: int = 128, seed: int = 0, threads: int = 1) -> dict:
+    """BP pretraining of the backbone ("in the factory") on the first ``images`` training
+    images of ``classes`` (default all ten), AdamW with a cosine schedule. Returns
+    ``{"state", "num_classes", "train_accuracy", "test_accuracy", "seconds", ...}``; the head
+    has ``len(classes)`` outputs and the labels are re-indexed 0..len(classes)-1."""
+    torch.set_num_threads(threads)
+    classes = list(range(10)) if classes is None else sorted(int(c) for c in classes)
+    remap = torch.full((10,), -1, dtype=torch.long)
+    remap[classes] = torch.arange(len(classes))
+    x, y = load_images(kind, "train", classes, images)
+    y = remap[y]
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_backbone(len(classes))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    total = epochs * math.ceil(len(y) / batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / total)))
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(y), generator=g)
+        for lo in range(0, len(y), batch_size):
+            idx = perm[lo:lo + batch_size]
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    model.eval()
+    xt, yt = load_images(kind, "test", classes, 2000)
+    with torch.no_grad():
+        test_acc = 100.0 * float((model(xt).argmax(1) == remap[yt]).float().mean())
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "num_classes": len(classes), "classes": classes, "images": int(len(y)),
+            "epochs": epochs, "test_accuracy": test_acc, "seed": seed,
+            "seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- precisions
+
+def _bits(precision: str) -> tuple[int, int]:
+    w, a = precision.split("w")
+    return int(w), int(a.rstrip("a"))
+
+
+def ff_config(precision: str = "fp32", **overrides) -> QZOFFConfig:
+    """:class:`QZOFFConfig` for a precision of :data:`PRECISIONS` (AdamW with betas
+    0.9/0.95 as the paper's App. C/D, ``m = 3``; quantized runs use ``w_headroom = 4`` unless
+    overridden, since a decoder that outgrows its initial ``max|w|`` saturates at 1)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    base = dict(optimizer="adamw", betas=(0.9, 0.95), m=3)
+    if precision in ("fp32", "fp16"):
+        base["mode"] = precision
+    else:
+        w, a = _bits(precision)
+        base.update(mode="quantized", w_bits=w, a_bits=a, w_headroom=4.0)
+    base.update(overrides)
+    return QZOFFConfig(**base)
+
+
+@torch.no_grad()
+def frozen_features(model: nn.Module, x: torch.Tensor, precision: str = "fp32", *,
+                    calibration: torch.Tensor | None = None, batch_size: int = 500
+                    ) -> torch.Tensor:
+    """``model[:-1](x)`` (the backbone's features) with the activation arithmetic of ``precision``: float32,
+    float16-rounded (``"fp16"``) or ``a``-bit fake-quantized (``"<w>w<a>a"``) with static
+    ranges calibrated on ``calibration`` (default ``x``). ``model`` is not modified."""
+    if precision == "fp32":
+        return feature_function(model, batch_size=batch_size)(x)
+    m = copy.deepcopy(model[:-1]).eval()
+    if precision == "fp16":
+        acts = ActivationQuantizer(m, None, fp16=True)
+    else:
+        acts = ActivationQuantizer(m, _bits(precision)[1], ranges="static")
+        calib = x if calibration is None else calibration
+        acts.calibrate(lambda: m(calib))
+    out = torch.cat([m(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    acts.remove()
+    return out
+
+
+def prototype_head(feats: torch.Tensor, y: torch.Tensor, n_way: int) -> nn.Sequential:
+    """``Sequential(Linear(d, n_way))`` with ProtoNet's weights ``W_k = 2c_k``,
+    ``b_k = -||c_k||²`` (as :func:`bpfree.fewshot.with_episode_head`)."""
+    head = nn.Linear(feats.shape[1], n_way)
+    with torch.no_grad():
+        protos = torch.stack([feats[y == k].mean(0) for k in range(n_way)])
+        head.weight.copy_(2 * protos)
+        head.bias.copy_(-(protos ** 2).sum(1))
+    return nn.Sequential(head)
+
+
+class BPAdamW:
+    """Back-propagation with AdamW (betas 0.9/0.95) as a :class:`bpfree.pmt.harness.Method`:
+    ``step(x, y, lr)``; ``forwards`` counts per-sample forward passes (one per sample and step;
+    each step also runs a backward pass)."""
+
+    def __init__(self, model: nn.Module, betas=(0.9, 0.95), weight_decay: float = 0.0):
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=1e-3, betas=betas,
+                                     weight_decay=weight_decay)
+        self.forwards = 0
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.forwards += int(x.shape[0])
+        return {"loss": float(loss.detach())}
+
+
+def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return 100.0 * float((model(x).argmax(1) == y).float().mean())
+
+
+def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *,
+               epochs: int, batch_size: int, lr: float, seed: int = 0,
+               config: QZOFFConfig | None = None, recorder=None) -> dict:
+    """Train a (copy of a) decoder on features: ``method`` ``"bp"`` (:class:`BPAdamW`) or
+    ``"ff"`` (:class:`QZOFF` with ``config``). Cosine schedule, shuffled batches from
+    ``seed`` (:func:`bpfree.pmt.harness.fit`). Returns ``{"model", "loss", "forwards",
+    "seconds", "recorder"}`` (+ ``"eps_underflow"`` warnings for FF). ``recorder``: a callable
+    ``recorder(trained_copy) -> TrajectoryRecorder`` (the copy does not exist before the
+    call); the recorder stores the start and every step."""
+    model = copy.deepcopy(head)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if method == "bp":
+        runner = BPAdamW(model)
+    elif method == "ff":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runner = QZOFF(model, config or ff_config("fp32", seed=seed))
+        underflow = [str(w.message) for w in caught]
+    else:
+        raise ValueError(f"method must be 'bp' or 'ff', got {method!r}")
+    rec = recorder(model) if recorder is not None else None
+    if rec is not None:
+        rec.record()
+        step = runner.step
+
+        def recorded(xb, yb, rate):
+            out = step(xb, yb, rate)
+            rec.record()
+            return out
+
+        runner.step = recorded
+    hist = fit(runner, x, y, epochs=epochs, batch_size=batch_size, lr=lr, schedule="cosine",
+               seed=seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    out = {"model": model, "loss": hist.loss, "forwards": hist.forwards[-1],
+           "seconds": hist.seconds, "recorder": rec}
+    if method == "ff":
+        out["eps_underflow"] = underflow
+    return out
+
+
+# --------------------------------------------------------------------------- few-shot (§4.1)
+
+#: Rows of the few-shot table, in the paper's order.
+FEWSHOT_METHODS = ("zero-shot", "BP FT", "BP LP", "FF FT", "FF LP", "FF LP 16w8a")
+
+
+def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes: int,
+                  lo: int, hi: int, steps: int, lr_bp_ft: float, lr_bp_lp: float,
+                  lr_ff_ft: float, lr_ff_lp: float, m: int = 3, n_way: int = 5, k_shot: int = 5,
+                  n_query: int = 15, seed: int = 0, methods=FEWSHOT_METHODS) -> dict:
+    """Episodes ``lo..hi-1`` of ``episodes`` 5-way 5-shot test episodes drawn from the test
+    images of ``kind`` restricted to ``classes`` (:func:`bpfree.fewshot.sample_episodes` with
+    ``seed``, so chunks of the same draw agree). Per episode and method, ``steps`` full-batch
+    steps on the 25 support images (BP: AdamW; FF: QZO-FF sign-m-SPSA with AdamW, fp32 or
+    16w8a), then the queries are classified: ProtoNet on the (fine-tuned) backbone features
+    for zero-shot / FT, the fine-tuned prototype-initialised episode head for LP.
+
+    Returns ``{"accuracies": {method: [per-episode %]}, "seconds": {method: s},
+    "forwards": {method: per-sample forwards per episode}}``.
+    """
+    torch.set_num_threads(1)
+    x, y = load_images(kind, "test", classes)
+    eps_all = sample_episodes(x, y, classes, n_way=n_way, k_shot=k_shot, n_query=n_query,
+                              episodes=episodes, seed=seed)
+    backbone = build_backbone(num_classes, state)
+    accs = {mth: [] for mth in methods}
+    secs = dict.fromkeys(methods, 0.0)
+    fw = dict.fromkeys(methods, 0)
+    n_s = n_way * k_shot
+    for e_i in range(lo, hi):
+        ep = eps_all[e_i]
+        qy = ep.query_y
+
+        def score(pred):
+            return 100.0 * float((pred == qy).float().mean())
+
+        fs = fq = None
+        for mth in methods:
+            t0 = time.perf_counter()
+            if mth in ("zero-shot", "FF LP") and fs is None:
+                fs = frozen_features(backbone, ep.support_x)
+                fq = frozen_features(backbone, ep.query_x)
+            if mth == "zero-shot":
+                acc = score(protonet_predict(fs, ep.support_y, fq))
+            elif mth == "BP FT":
+                fn = bp_finetune(backbone, ep, "full", epochs=steps, lr=lr_bp_ft, seed=e_i)
+                acc = score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x)))
+                fw[mth] = steps * n_s
+            elif mth == "BP LP":
+                fn = bp_finetune(backbone, ep, "linear-probe", epochs=steps, lr=lr_bp_lp,
+                                 output="logits", seed=e_i)
+                acc = score(fn(ep.query_x).argmax(1))
+                fw[mth] = steps * n_s
+            elif mth == "FF FT":
+                from ..fewshot import with_episode_head
+
+                model = with_episode_head(backbone, ep)
+                for p in model.parameters():
+                    p.requires_grad_(True)
+                ff = QZOFF(model, ff_config("fp32", m=m, seed=seed + e_i))
+                for t in range(steps):
+                    ff.step(ep.support_x, ep.support_y, lr_ff_ft)
+                ff.acts.remove()
+                fn = feature_function(model)
+                acc = score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x)))
+                fw[mth] = ff.forwards
+            elif mth in ("FF LP", "FF LP 16w8a"):
+                prec = "fp32" if mth == "FF LP" else "16w8a"
+                if prec == "fp32":
+                    s, q = fs, fq
+                else:
+                    s = frozen_features(backbone, ep.support_x, prec)
+                    q = frozen_features(backbone, ep.query_x, prec,
+                                        calibration=ep.support_x)
+                head = prototype_head(s, ep.support_y, n_way)
+                out = train_head(head, "ff", s, ep.support_y, epochs=steps, batch_size=n_s,
+                                 lr=lr_ff_lp, seed=seed + e_i,
+                                 config=ff_config(prec, m=m, seed=seed + e_i))
+                acc = score(out["model"](q).argmax(1))
+                fw[mth] = out["forwards"]
+            else:
+                raise ValueError(f"unknown few-shot method {mth!r}")
+            secs[mth] += time.perf_counter() - t0
+            accs[mth].append(acc)
+    return {"accuracies": accs, "seconds": secs, "forwards": fw, "lo": lo, "hi": hi}
+
+
+# --------------------------------------------------------------------------- OOD (§4.3)
+
+def ood_data(corruption: str, severity: int, *, n_train: int = 1000, n_test: int = 1000,
+             seed: int = 0):
+    """Corrupted MNIST: the last ``n_train`` training images (adaptation set) and the first
+    ``n_test`` test images, corrupted with ``corruption`` at ``severity``
+    (:func:`bpfree.data.corrupt`, seeds ``seed`` and ``seed + 1``)."""
+    from ..data import corrupt
+
+    xtr, ytr = _load("mnist", "train")
+    xte, yte = _load("mnist", "test")
+    a = corrupt(xtr[-n_train:], corruption, severity, seed=seed,
+                start_index=len(xtr) - n_train)
+    b = corrupt(xte[:n_test], corruption, severity, seed=seed + 1)
+    return ((_to_tensor(a), torch.from_numpy(ytr[-n_train:].astype(np.int64))),
+            (_to_tensor(b), torch.from_numpy(yte[:n_test].astype(np.int64))))
+
+
+def _variant_config(variant: dict, seed: int) -> QZOFFConfig:
+    kw = {k: v for k, v in variant.items() if k not in ("method", "precision", "label", "lr")}
+    return ff_config(variant.get("precision", "fp32"), seed=seed, **kw)
+
+
+def _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size, seed) -> tuple[float, dict]:
+    """The rate of ``lrs`` with the best accuracy on a held-out fifth of the training set."""
+    n = len(ytr)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7))
+    cut = n // 5
+    val, tr = perm[:cut], perm[cut:]
+    scores = {}
+    for lr in lrs:
+        cfg = None if variant["method"] == "bp" else _variant_config(variant, seed)
+        out = train_head(head, variant["method"], ftr[tr], ytr[tr], epochs=epochs,
+                         batch_size=batch_size, lr=lr, seed=seed, config=cfg)
+        scores[lr] = _accuracy(out["model"], ftr[val], ytr[val])
+    best = max(lrs, key=lambda r: (scores[r], -r))
+    return best, scores
+
+
+def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epochs: int,
+             batch_size: int = 100, lrs=(3e-4, 1e-3, 3e-3, 1e-2), seeds=(0, 1, 2),
+             n_train: int = 1000, n_test: int = 1000, data_seed: int = 0,
+             select_lr: dict | None = None) -> dict:
+    """Linear-probe adaptation ("LP 1 LN") of the pretrained 10-class backbone on one
+    corrupted task.
+
+    ``variants``: ``{label: {"method": "bp" | "ff" | "zero-shot", "precision": ...,
+    **QZOFFConfig overrides, optional "lr"}}``. Each variant's learning rate is its ``"lr"``,
+    else ``select_lr[label]`` names another variant whose chosen rate it shares, else it is
+    chosen from ``lrs`` on a held-out fifth of the adaptation images; then it trains the
+    pretrained decoder once per seed on all ``n_train`` images and is tested on the corrupted
+    test images. Returns ``{label: {"accuracy": [per seed], "lr", "lr_scores", "loss" (seed
+    0 curve), "forwards", "seconds", "eps_underflow"}}`` plus ``"_meta"``.
+    """
+    torch.set_num_threads(1)
+    t_all = time.perf_counter()
+    (xtr, ytr), (xte, yte) = ood_data(corruption, severity, n_train=n_train, n_test=n_test,
+                                      seed=data_seed)
+    backbone = build_backbone(10, state)
+    head = nn.Sequential(copy.deepcopy(backbone[-1]))
+    feats = {}
+
+    def features(prec):
+        key = "fp32" if prec == "fp32" else ("fp16" if prec == "fp16" else f"a{_bits(prec)[1]}")
+        if key not in feats:
+            feats[key] = (frozen_features(backbone, xtr, prec),
+                          frozen_features(backbone, xte, prec, calibration=xtr))
+        return feats[key]
+
+    out: dict = {}
+    chosen: dict = {}
+    select_lr = select_lr or {}
+    for label, variant in variants.items():
+        t0 = time.perf_counter()
+        prec = variant.get("precision", "fp32")
+        ftr, fte = features(prec)
+        if variant["method"] == "zero-shot":
+            out[label] = {"accuracy": [_accuracy(head, fte, yte)], "seconds": 0.0}
+            continue
+        if "lr" in variant:
+            lr, scores = variant["lr"], {}
+        elif label in select_lr:
+            lr, scores = chosen[select_lr[label]], {}
+        else:
+            lr, scores = _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size,
+                                    data_seed)
+        chosen[label] = lr
+        res = {"accuracy": [], "lr": lr, "lr_scores": {str(k): v for k, v in scores.items()},
+               "seeds": list(seeds)}
+        for s in seeds:
+            cfg = None if variant["method"] == "bp" else _variant_config(variant, s)
+            r = train_head(head, variant["method"], ftr, ytr, epochs=epochs,
+                           batch_size=batch_size, lr=lr, seed=s, config=cfg)
+            res["accuracy"].append(_accuracy(r["model"], fte, yte))
+            if s == seeds[0]:
+                res["loss"] = r["loss"]
+                res["forwards"] = r["forwards"]
+                res["eps_underflow"] = r.get("eps_underflow", [])
+        res["seconds"] = time.perf_counter() - t0
+        out[label] = res
+    out["_meta"] = {"corruption": corruption, "severity": severity, "n_train": n_train,
+                    "n_test": n_test, "data_seed": data_seed,
+                    "seconds": time.perf_counter() - t_all}
+    return out
+
+
+# --------------------------------------------------------------------------- landscape (App. E)
+
+def landscape_task(state: dict, corruption: str, severity: int, runs: dict, paths: dict, *,
+                   epochs: int, batch_size: int = 100, seed: int = 0, n_train: int = 1000,
+                   steps: int = 21, data_seed: int = 0) -> dict:
+    """Fig. 6 analogue: train the pretrained decoder with each of ``runs`` (``{label:
+    {"method", "precision", "lr", ...}}``) on one corrupted task while recording its
+    trajectory, then for each ``paths`` entry ``{centre label: png path}`` draw the loss
+    contours (training loss on the adaptation set) around that run's final weights in the
+    PCA plane of all trajectories, with every trajectory on it. Returns per run the final
+    training loss, the test accuracy and per figure the explained variance."""
+    from ..landscape import TrajectoryRecorder, flatten_params, landscape_figure
+
+    torch.set_num_threads(1)
+    (xtr, ytr), (xte, yte) = ood_data(corruption, severity, n_train=n_train, seed=data_seed)
+    backbone = build_backbone(10, state)
+    head = nn.Sequential(copy.deepcopy(backbone[-1]))
+    feats = {}
+    results, finals, trajs = {}, {}, {}
+    for label, run in runs.items():
+        prec = run.get("precision", "fp32")
+        if prec not in feats:
+            feats[prec] = (frozen_features(backbone, xtr, prec),
+                           frozen_features(backbone, xte, prec, calibration=xtr))
+        ftr, fte = feats[prec]
+        cfg = None if run["method"] == "bp" else _variant_config(run, seed)
+        r = train_head(head, run["method"], ftr, ytr, epochs=epochs, batch_size=batch_size,
+                       lr=run["lr"], seed=seed, config=cfg,
+                       recorder=lambda mdl: TrajectoryRecorder(
+                           mdl, [n for n, _ in mdl.named_parameters()]))
+        finals[label] = (r["model"], prec)
+        trajs[label] = r["recorder"]
+        with torch.no_grad():
+            final_loss = float(nn.functional.cross_entropy(r["model"](ftr), ytr))
+        results[label] = {"final_train_loss": final_loss, "lr": run["lr"],
+                          "test_accuracy": _accuracy(r["model"], fte, yte),
+                          "distance": float((trajs[label].snapshots[-1]
+                                             - trajs[label].snapshots[0]).norm())}
+    figures = {}
+    for centre, path in paths.items():
+        model, prec = finals[centre]
+        ftr = feats[prec][0]
+        model = copy.deepcopy(model)
+
+        def loss_fn(mdl, ftr=ftr):
+            return nn.functional.cross_entropy(mdl(ftr), ytr)
+
+        names = [n for n, _ in model.named_parameters()]
+        fig = landscape_figure(model, loss_fn, trajs, path, names=names,
+                               center=flatten_params(model, names), steps=steps,
+                               title=f"Loss landscape around the {centre} decoder "
+                                     f"({corruption.replace('_', ' ')}, severity {severity})")
+        figures[centre] = {"path": str(fig["path"]),
+                           "explained_variance_ratio": [float(v) for v in
+                                                        fig["explained_variance_ratio"]]}
+    return {"runs": results, "figures": figures}
+
+
+# --------------------------------------------------------------------------- pool entry
+
+TASKS = {"pretrain": pretrain, "fewshot": fewshot_chunk, "ood": ood_task,
+         "landscape": landscape_task}
+
+
+def run_task(task: tuple[str, dict]) -> dict:
+    """Process-pool entry point: ``(kind, kwargs)`` with kind in :data:`TASKS`, run on one
+    CPU thread; returns the task's dict with ``"wall_seconds"`` added."""
+    torch.set_num_threads(1)
+    kind, kwargs = task
+    if kind not in TASKS:
+        raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(TASKS)}")
+    t0 = time.perf_counter()
+    out = TASKS[kind](**kwargs)
+    out["wall_seconds"] = time.perf_counter() - t0
+    return out
