@@ -127,6 +127,8 @@ def main(args: argparse.Namespace) -> int:
                   f"{format_bytes(report.total):>10}  {macs_text:>16}")
         print()
 
+    if args.model == "mcunet-in1":  # PMT Tables 8-9, the paper's numbers beside ours
+        print(__import__("bpfree.memory.mcunet_tables", fromlist=["_"]).tables_text())
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,12 @@ MODELS = {spec.name: spec for spec in (
               "TT-MLP 784-1024-10, ranks [1,6,6,6,1] (TT-ZO §5.1, 3,962 parameters)"),
     ModelSpec("tt-mlp-r10", tt_mlp_r10, (784,),
               "TT-MLP 784-1024-10, ranks [1,10,10,10,1] (TT-ZO Table 2, 8,314 parameters)"),
+    ModelSpec("mcunet-in1", lambda: mcunet_in1_float(), (3, 128, 128),
+              "PMT's INT8 MCUNet-in1, 128x128: float mirror of ../shared/models/mcunet-in1-int8"),
 )}
+
+
+from .mcunet import mcunet_in1, mcunet_in1_float  # noqa: E402 (after InvertedResidual: quant.ptq imports it)
 
 
 def list_models() -> list[str]:

@@ -1,0 +1,164 @@
+"""MCUNet-in1 (INT8) import, classification check, hardware-cost tables and a PMT step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from bpfree.models.mcunet import (
+    ModelFormatError,
+    compare_requant,
+    default_model_dir,
+    load_graph,
+    mcunet_in1,
+    preprocess_image,
+)
+
+MODEL_DIR = default_model_dir()
+pytestmark = pytest.mark.skipif(
+    not (MODEL_DIR / "graph.json").is_file(),
+    reason=f"MCUNet-in1 files not found at {MODEL_DIR} (set BPFREE_MODELS)")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mcunet_in1()
+
+
+@pytest.fixture(scope="module")
+def photos():
+    data = pytest.importorskip("skimage.data", reason="scikit-image provides the sample photos")
+    return {name: preprocess_image(getattr(data, name)()) for name in ("chelsea", "coffee")}
+
+
+# ------------------------------------------------------------------------------ loader errors
+
+
+def _copy(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(MODEL_DIR, folder)
+    for f in folder.iterdir():
+        f.chmod(0o644)
+    return folder
+
+
+def test_missing_folder_and_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        mcunet_in1(tmp_path / "nowhere")
+    folder = _copy(tmp_path)
+    (folder / "weights.npz").unlink()
+    with pytest.raises(FileNotFoundError, match="weights.npz is missing"):
+        mcunet_in1(folder)
+
+
+def test_unknown_op_names_layer(tmp_path):
+    folder = _copy(tmp_path)
+    doc = json.loads((folder / "graph.json").read_text())
+    doc["layers"][5]["op"] = "softmax"
+    (folder / "graph.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelFormatError, match=r"blocks\.1\.pointwise2.*unknown op 'softmax'"):
+        load_graph(folder)
+
+
+def test_shape_mismatch_names_layer(tmp_path):
+    folder = _copy(tmp_path)
+    arrays = dict(np.load(folder / "weights.npz"))
+    arrays["blocks.3.depthwise.weight"] = arrays["blocks.3.depthwise.weight"][:, :, :2]
+    np.savez(folder / "weights.npz", **arrays)
+    with pytest.raises(ModelFormatError, match=r"blocks\.3\.depthwise.*weight has shape"):
+        mcunet_in1(folder)
+
+
+def test_broken_chain_names_layer(tmp_path):
+    folder = _copy(tmp_path)
+    doc = json.loads((folder / "graph.json").read_text())
+    doc["layers"][3]["x_zero"] = 7  # blocks.1.pointwise1 no longer reads blocks.0's output
+    (folder / "graph.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelFormatError, match=r"blocks\.1\.pointwise1.*input quantization"):
+        mcunet_in1(folder)
+
+
+# ------------------------------------------------------------------------------ the real model
+
+
+def test_structure(model):
+    from bpfree.quant import QInvertedResidual
+
+    blocks = [s for s in model.body if isinstance(s, QInvertedResidual)]
+    assert len(model.body) == 17 and len(blocks) == 14
+    # graph.json has 7 residual adds (blocks 2, 4, 6, 8, 9, 11, 12; the MANIFEST says 6)
+    assert sum(b.add is not None for b in blocks) == 7
+    assert model.graph_names["blocks.3.depthwise"] == "body.4.body.1"
+
+
+def test_cat_and_coffee(model, photos):
+    from bpfree.data.imagenet_classes import CAT_CLASSES, IMAGENET_CLASSES
+
+    cat = model.forward_int(photos["chelsea"])[0]
+    assert int(cat.argmax()) in CAT_CLASSES
+    assert IMAGENET_CLASSES[int(cat.argmax())].endswith("cat") or int(cat.argmax()) == 281
+    top5 = model.forward_int(photos["coffee"])[0].topk(5).indices.tolist()
+    assert 967 in top5 or 968 in top5
+
+
+def test_float_rule_differs_in_few_values(model, photos):
+    model_f = mcunet_in1(requant="float")
+    x = torch.cat([photos["chelsea"], photos["coffee"]])
+    report = compare_requant(model, model_f, x)
+    # Measured: 12,239 of 664,096 stage outputs (1.8%) differ when each stage sees the same
+    # input, all by 1 except inside blocks; top-1 agrees.
+    assert report["isolated_differ"] < 0.05 * report["values"]
+    assert report["top1_equal"]
+    assert report["stages"][0]["isolated_max_abs"] <= 1
+
+
+def test_parameter_bytes_and_macs_within_1_percent_of_paper():
+    from bpfree.memory.mcunet_tables import PAPER, mcunet_tables
+
+    rows = {r.quantity: r for r in mcunet_tables()}
+    assert abs(rows["parameter bytes, backbone (0.46M params)"].ratio) < 0.01
+    assert abs(rows["parameter bytes, backbone + 10-class head"].ratio) < 0.01
+    assert abs(rows["MACs per forward F, backbone"].ratio) < 0.01
+    assert abs(rows["MACs per forward, ImageNet head"].ratio) < 0.01
+    full = rows["BP-free memory = parameters + inference peak"]
+    params = rows["parameter bytes, backbone + 10-class head"].ours
+    peak = rows["inference activation peak"].ours
+    assert full.ours == pytest.approx(params + peak)
+    assert peak == pytest.approx(160.0)  # 32,768 + 131,072 B at blocks.1.pointwise1
+    assert abs(rows["BP-free compute, block-wise (14 blocks)"].ours / PAPER["bpfree_full_mmacs"]
+               - 1) < 0.02
+
+
+def test_pmt_step_runs(model, photos):
+    from bpfree.pmt import PMTConfig, PMTTrainer
+
+    x = torch.cat([photos["chelsea"], photos["coffee"]])
+    y = torch.tensor([285, 967])
+    trainer = PMTTrainer(model, PMTConfig(queries=2), example=x)
+    assert len(trainer.layers) == 43
+    before = model.body[16].weight.clone()
+    out = trainer.step(x, y, lr=0.0)  # lr 0: the shared module-scoped model stays unchanged
+    assert out["forwards"] == 2 + 43 * 2 * 2 and np.isfinite(out["loss"])
+    assert torch.equal(before, model.body[16].weight)
+
+
+def test_classify_cli_writes_json(tmp_path, photos):
+    from bpfree.cli import main
+
+    path = tmp_path / "c.json"
+    assert main(["classify", "--sample", "chelsea", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["top5"][0] in range(281, 286) and len(doc["logits"]) == 1000
+    assert all(-128 <= v <= 127 for v in doc["logits"])
+    # An image file already 128x128 is used as it is.
+    from PIL import Image
+
+    img = (photos["chelsea"][0].permute(1, 2, 0).to(torch.int16) + 128).to(torch.uint8).numpy()
+    Image.fromarray(img).save(tmp_path / "cat.png")
+    assert main(["classify", str(tmp_path / "cat.png"), "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["top5"] == doc["top5"]
+    assert main(["classify", str(tmp_path / "nothing.png")]) == 2
