@@ -111,13 +111,26 @@ class StagedModel:
         return x if x.dtype == torch.int8 else self.model.input_quant.quantize(x)
 
     @torch.no_grad()
-    def clean(self, xq: torch.Tensor) -> torch.Tensor:
-        """Full forward from int8 ``xq``; caches the input of every stage; returns int8 logits."""
-        self.inputs = [xq]
+    def clean(self, xq: torch.Tensor, cache: bool = True) -> torch.Tensor:
+        """Full forward from int8 ``xq``; returns int8 logits.
+
+        ``cache=True`` keeps the input of every stage (fast partial forwards from any stage);
+        ``cache=False`` keeps only ``xq``, and :meth:`advance` moves the buffer stage by stage
+        as Algorithm 1 does (one activation buffer instead of one per stage).
+        """
+        self.inputs = [xq] + [None] * len(self.stages)
         h = xq
-        for stage in self.stages:
+        for k, stage in enumerate(self.stages):
             h = stage(h)
-            self.inputs.append(h)
+            if cache:
+                self.inputs[k + 1] = h
+        return h
+
+    @torch.no_grad()
+    def advance(self, k: int) -> torch.Tensor:
+        """Compute the input of stage ``k + 1`` from that of stage ``k`` and free the latter."""
+        h = self.stages[k](self.inputs[k])
+        self.inputs[k + 1], self.inputs[k] = h, None
         return h
 
     @torch.no_grad()

@@ -120,7 +120,10 @@ class PMTTrainer:
 
     # -----------------------------------------------------------------------------------------
     def _clean(self, xq: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.staged.clean(xq)
+        cfg = self.config
+        # The stage-by-stage schedule keeps one stage input; the others cache them all.
+        lean = cfg.layerwise and cfg.synchronized and cfg.micro_batch is None
+        logits = self.staged.clean(xq, cache=not lean)
         self.forwards += xq.shape[0]
         loss = per_sample_loss(logits, y, self.model.output_quant)
         if not bool(torch.isfinite(loss).all()):
@@ -142,13 +145,15 @@ class PMTTrainer:
             for e in est.values():
                 e.dimension = total  # Table 2: the model-wise variance grows with the total d
             return est, stats
+        if cfg.synchronized and cfg.micro_batch is None:
+            return {}, self._estimate_and_update_by_stage(y, loss, seed, lr)
         estimates = {}
         for layer in self.trainable:
             est = estimate_group(self.staged, self._group([layer]), [self.index[layer.name]], y,
                                  loss, cfg.queries, seed)
             self.forwards += cfg.queries * n
             if cfg.synchronized:
-                estimates.update(est)
+                estimates.update(est)  # gradient accumulation keeps every layer's buffer
             else:
                 stats[layer.name] = apply_update(layer.module, est[layer.name], lr,
                                                  gns=cfg.gns, qas=cfg.qas)
@@ -156,6 +161,36 @@ class PMTTrainer:
                 loss = per_sample_loss(self.staged.inputs[-1], y, self.model.output_quant)
                 self.forwards += n
         return estimates, stats
+
+    def _estimate_and_update_by_stage(self, y, loss, seed, lr) -> dict:
+        """Algorithm 1's memory-efficient schedule for the synchronized update.
+
+        Layers are visited in forward order with only the current stage's input held (the
+        activation buffer). When a stage is done, its output is recomputed with the step-t
+        weights (line 34) before that stage's updates are applied, so later layers still see
+        step-t activations while at most one stage's gradient buffers are alive at a time.
+        """
+        cfg, n = self.config, y.shape[0]
+        staged, stats, pending = self.staged, {}, []
+        stage = 0
+
+        def finish(k: int) -> None:
+            staged.advance(k)
+            for layer, est in pending:
+                stats[layer.name] = apply_update(layer.module, est, lr, gns=cfg.gns, qas=cfg.qas)
+            pending.clear()
+
+        for layer in self.trainable:
+            while stage < layer.stage:
+                finish(stage)
+                stage += 1
+            est = estimate_group(staged, self._group([layer]), [self.index[layer.name]], y,
+                                 loss, cfg.queries, seed)
+            self.forwards += cfg.queries * n
+            pending.append((layer, est[layer.name]))
+        for layer, est in pending:
+            stats[layer.name] = apply_update(layer.module, est, lr, gns=cfg.gns, qas=cfg.qas)
+        return stats
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
         """One iteration of Algorithm 1 on the mini-batch ``(x, y)`` with learning rate ``lr``.
