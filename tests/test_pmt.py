@@ -155,7 +155,7 @@ def test_update_follows_eq8_with_gns_and_qas():
     w0, b0 = layer.weight.clone(), layer.bias.clone()
     g = torch.full(w0.shape, 1e-4, dtype=torch.float64)
     gb = torch.full((4,), 1e-9, dtype=torch.float64)
-    est = LayerEstimate(g, gb, directions=10, dimension=36)
+    est = LayerEstimate(g.clone(), gb.clone(), directions=10, dimension=36)
     apply_update(layer, est, lr=0.5, gns=True, qas=True)
     factor = 10 / (10 + 36 - 1)
     s_w = torch.tensor(layer.weight_quant.scales, dtype=torch.float64).view(-1, 1, 1, 1)
@@ -166,6 +166,7 @@ def test_update_follows_eq8_with_gns_and_qas():
     assert gradient_norm_scale(10, 36) == pytest.approx(factor)
     # Without QAS the same lr moves nothing: the update is below half an LSB (§3.1.2).
     layer.weight.copy_(w0)
+    est = LayerEstimate(g.clone(), gb.clone(), directions=10, dimension=36)  # consumed above
     stats = apply_update(layer, est, lr=0.5, gns=True, qas=False)
     assert stats["changed"] == 0.0 and torch.equal(layer.weight, w0)
 

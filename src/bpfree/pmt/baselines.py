@@ -136,7 +136,6 @@ class _IntegerZO:
         self.start = min(layer.stage for layer in self.trainable)
         self.steps = 0
         self.forwards = 0
-        self.last_estimate: dict[str, LayerEstimate] = {}
 
     def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _check_batch(x, y)
@@ -233,7 +232,6 @@ class MeZO(_IntegerZO):
         _finite_loss(loss)
         stats = {layer.name: apply_update(layer.module, est[layer.name], lr, gns=self.gns,
                                           qas=self.qas) for layer in self.trainable}
-        self.last_estimate = est
         self.steps += 1
         changed = [s["changed"] for s in stats.values()]
         return {"loss": float(loss.mean()), "forwards": self.forwards - start_forwards,
@@ -369,7 +367,6 @@ class DeepZeroCGE(_IntegerZO):
         stats = {layer.name: apply_update(layer.module, est[layer.name], lr, gns=False,
                                           qas=self.qas)
                  for layer in self.trainable if layer.name in self.last_coordinates}
-        self.last_estimate = est
         self.steps += 1
         changed = [s["changed"] for s in stats.values()]
         return {"loss": float(loss.mean()), "forwards": self.forwards - start_forwards,

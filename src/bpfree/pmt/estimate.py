@@ -86,7 +86,7 @@ def node_to_parameter_gradients(layer: torch.nn.Module, layer_input: torch.Tenso
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         grad_w = g2.T @ x2
         grad_b = g2.sum(0)
-    return grad_w / n, grad_b / n
+    return grad_w.div_(n), grad_b.div_(n)
 
 
 def capture_inputs(staged: StagedModel, layers: list[TrainableLayer], stage: int
@@ -167,7 +167,7 @@ def estimate_group(staged: StagedModel, group: list[tuple[TrainableLayer, str]],
             for layer, mode in group:
                 xi = xis[layer.name]
                 if mode == "wp":
-                    acc_w[layer.name].add_(xi.to(torch.float64), alpha=float(diff.mean()))
+                    acc_w[layer.name].add_(xi, alpha=float(diff.mean()))
                 else:
                     d = diff.view(len(qs), n, *[1] * len(layer.output_shape))
                     acc_z[layer.name].add_((d * xi.to(torch.float64)).sum(0))

@@ -46,6 +46,8 @@ def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
                  gns: bool = True, qas: bool = True) -> dict[str, float]:
     """Update ``layer.weight`` (int8) and ``layer.bias`` (int32) in place by Eq. 8.
 
+    ``estimate`` is consumed: its tensors are overwritten (they are the gradient buffer).
+
     Returns statistics: the GNS factor and the fraction of weights that changed (rounding
     swallows updates below half an LSB, the failure mode QAS exists to prevent).
     """
@@ -58,15 +60,18 @@ def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
     factor = gradient_norm_scale(estimate.directions, estimate.dimension) if gns else 1.0
     step = lr * factor
     qw, qb = quantization_aware_scales(layer) if qas else (None, None)
+    # The estimate is consumed in place: the gradient buffer becomes the new weights, so the
+    # update needs no second buffer of the layer's size (PMT §3.2.2: in-place swap).
+    gw = estimate.weight.mul_(-step)
     if qas:
-        qw, qb = qw.to(estimate.weight.device), qb.to(estimate.weight.device)
-    gw = estimate.weight if qw is None else estimate.weight * _channel_view(qw, estimate.weight)
-    w_old = layer.weight
-    w_new = torch.round(w_old.to(torch.float64) - step * gw).clamp_(-128, 127).to(torch.int8)
-    changed = float((w_new != w_old).float().mean())
+        gw.mul_(_channel_view(qw.to(gw.device), gw))
+    w_new = gw.add_(layer.weight).round_().clamp_(-128, 127)
+    changed = float((w_new != layer.weight).sum()) / max(w_new.numel(), 1)
     layer.weight.copy_(w_new)
     if estimate.bias is not None:
-        gb = estimate.bias if qb is None else estimate.bias * qb
-        b_new = torch.round(layer.bias.to(torch.float64) - step * gb)
-        layer.bias.copy_(b_new.clamp_(INT32_MIN, INT32_MAX).to(torch.int32))
+        gb = estimate.bias.mul_(-step)
+        if qas:
+            gb.mul_(qb.to(gb.device))
+        b_new = gb.add_(layer.bias).round_().clamp_(INT32_MIN, INT32_MAX)
+        layer.bias.copy_(b_new.to(torch.int32))
     return {"gns": factor, "changed": changed}
