@@ -162,3 +162,17 @@ def test_classify_cli_writes_json(tmp_path, photos):
     assert main(["classify", str(tmp_path / "cat.png"), "--json", str(path)]) == 0
     assert json.loads(path.read_text())["top5"] == doc["top5"]
     assert main(["classify", str(tmp_path / "nothing.png")]) == 2
+
+
+@pytest.mark.slow
+def test_pmt_step_overhead_is_one_gradient_buffer(model):
+    """Item 4: a synchronized PMT step on the real model costs, beyond inference, at most the
+    largest trainable layer's gradient buffer (float64 in this simulator) plus small change
+    (one stage input, O(Q) scalars) -- not BP's saved activations."""
+    from bpfree.memory.mcunet_tables import measure_pmt_step
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (2, 3, 128, 128), dtype=torch.int8, generator=g)
+    r = measure_pmt_step(model, x, torch.tensor([1, 2]), queries=2, synchronized=True)
+    buffer = 8 * r["largest_layer_params"]
+    assert r["overhead"] <= buffer + 256 * 1024, r
