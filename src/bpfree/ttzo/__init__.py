@@ -1,0 +1,26 @@
+"""TT-ZO (Zhao et al.): hybrid zeroth-order training and the baselines of its Tables 1-3.
+
+* :mod:`.hybrid`: :class:`ZOTrainer` (ZO-RGE / ZO-signRGE / ZO-CGE (+momentum) / forward
+  gradient on any ``nn.Module``), :class:`StallDetector`, :class:`HybridZO` (signRGE until the
+  training loss stalls, then CGE with momentum; switch epoch and per-phase forwards logged).
+* :mod:`.baselines`: :class:`BPTrainer` (FO), :func:`grasp_prune` + :class:`MaskedModel`
+  (SP-MLP), :class:`ForwardGradientW` (FG-W), :class:`ForwardGradientA` (FG-A),
+  :class:`FeedbackAlignment` (FA), :class:`DirectFeedbackAlignment` (DFA).
+* :mod:`.train`: :func:`train`, the §5.1 epoch loop (lr 1e-3 × 0.9 every 10 epochs) with
+  per-epoch validation accuracy and forward counts; :func:`queries_to_accuracy`.
+
+All trainers follow the :class:`bpfree.pmt.harness.Method` protocol (``forwards`` per-sample
+counter, ``step(x, y, lr) -> dict(loss=...)``). The ZO trainers also count
+``batch_forwards`` (mini-batch loss evaluations), the paper's unit of "queries".
+"""
+
+from .baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
+                        ForwardGradientA, ForwardGradientW, MaskedModel, grasp_prune, grasp_scores)
+from .hybrid import ESTIMATORS, HybridZO, StallDetector, ZOTrainer
+from .train import TrainLog, queries_to_accuracy, train
+
+__all__ = [
+    "BPTrainer", "DirectFeedbackAlignment", "ESTIMATORS", "FeedbackAlignment",
+    "ForwardGradientA", "ForwardGradientW", "HybridZO", "MaskedModel", "StallDetector",
+    "TrainLog", "ZOTrainer", "grasp_prune", "grasp_scores", "queries_to_accuracy", "train",
+]
