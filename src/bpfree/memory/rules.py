@@ -603,6 +603,18 @@ def _bp_macs(profile: ModelProfile, *, batch_size: int, trainable: frozenset[str
     return batch_size * total
 
 
+def tinyfoa_rule(profile: ModelProfile, **_options: Any) -> MemoryReport:
+    """TinyFoA §3 (Table 1 "TinyFoA" row): binary weights and activations, layer-wise local
+    losses, vertical training over M = 2 slices; parts ``forward``, ``gradient``, ``update``.
+
+    The Linear layers of ``profile`` are read as the FC network; the formulas live in
+    :mod:`bpfree.tinyfoa.accounting` (imported lazily: that package imports training code).
+    """
+    from ..tinyfoa.accounting import memory_rule
+
+    return memory_rule("TinyFoA")(profile)
+
+
 register_rule("inference", inference_rule, macs=_forward_macs)
 register_rule("bp", bp_rule, macs=_bp_macs)
 register_rule("zo_wp_lean", zo_wp_lean_rule, macs=_queries_macs)
@@ -615,6 +627,7 @@ register_rule("mezo", mezo_rule, dtype_bytes=1, fold_bn=True, macs=_queries_macs
 register_rule("cge", cge_rule, dtype_bytes=1, fold_bn=True, macs=_coordinates_macs)
 register_rule("bp-int8", bp_int8_rule, dtype_bytes=1, fold_bn=True, macs=_bp_macs)
 register_rule("sparse-bp", sparse_bp_rule, dtype_bytes=1, fold_bn=True, macs=_bp_macs)
+register_rule("tinyfoa", tinyfoa_rule, dtype_bytes=1)
 
 
 # ---------------------------------------------------------------------------------------

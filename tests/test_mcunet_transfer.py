@@ -1,0 +1,111 @@
+"""Smoke tests of the MCUNet transfer pipeline (bpfree.pmt.transfer, benchmarks/mcunet.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bpfree.pmt.transfer import (HEAD, TransferSetup, backbone_features, float_names,
+                                 head_model, init_head, prepare_images, with_head)
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "shared" / "models" / "mcunet-in1-int8"
+needs_model = pytest.mark.skipif(not (MODEL_DIR / "graph.json").exists(),
+                                 reason=f"MCUNet-in1 int8 model not found at {MODEL_DIR}")
+
+
+def test_prepare_images_shape_and_offset():
+    img = np.zeros((2, 28, 28), np.uint8)
+    img[1] = 255
+    x = prepare_images(img)
+    assert x.shape == (2, 3, 128, 128) and x.dtype == torch.int8
+    assert int(x[0].max()) == -128 and int(x[1].min()) == 127
+
+
+def test_setup_validation():
+    with pytest.raises(ValueError):
+        TransferSetup(head_init="svm")
+    with pytest.raises(ValueError):
+        TransferSetup(queries=0)
+
+
+@pytest.fixture(scope="module")
+def base():
+    from bpfree.models.mcunet import mcunet_in1
+
+    torch.manual_seed(0)
+    return mcunet_in1(MODEL_DIR)
+
+
+@needs_model
+@pytest.mark.parametrize("method", ["lsq", "means"])
+def test_head_init_fits_separable_features(base, method):
+    feat_q = base.stage_quants[-2]
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(40) % 4
+    centers = torch.randint(-120, 60, (4, 160), generator=g)
+    feats = (centers[y] + torch.randint(-5, 6, (40, 160), generator=g)).clamp(-128, 127)
+    feats = feats.to(torch.int8)
+    head, info = init_head(feat_q, feats, y, 4, method=method)
+    assert head.out_features == 4 and head.weight.dtype == torch.int8
+    acc = (head_model(head)(feats).argmax(-1) == y).double().mean().item()
+    assert acc == 1.0, info
+
+
+@needs_model
+def test_with_head_pmt_step_and_names(base):
+    from bpfree.models.mcunet import mcunet_in1_float
+    from bpfree.pmt import PMTConfig, PMTTrainer
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (4, 3, 128, 128), generator=g, dtype=torch.int32)
+    x = x.to(torch.int8)
+    y = torch.tensor([0, 1, 2, 3])
+    feats = backbone_features(base, x)
+    assert feats.shape == (4, 160) and feats.dtype == torch.int8
+    head, _ = init_head(base.stage_quants[-2], feats, y, 10)
+    model = with_head(base, head)
+    assert model(x).shape == (4, 10)
+    assert base.body[-1].out_features == 1000  # the original is untouched
+    names = float_names(model, mcunet_in1_float(MODEL_DIR, num_classes=10), x[:1])
+    assert names[HEAD] == "17" and len(names) == 43
+    trainer = PMTTrainer(model, PMTConfig(queries=1), example=x[:2],
+                         trainable=["body.14.body.2", HEAD])
+    before = model.body[-1].weight.clone()
+    out = trainer.step(x, y, lr=0.5)
+    assert np.isfinite(out["loss"]) and out["forwards"] == 4 + 2 * 4
+    assert model.body[-1].weight.shape == before.shape
+
+
+def test_benchmark_module_loads():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mcunet.py"
+    spec = importlib.util.spec_from_file_location("bench_mcunet", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.NAME == "mcunet" and callable(mod.run)
+    assert mod._setup(True).train_images <= 500
+
+
+@needs_model
+def test_float_graph_follows_the_int8_model(base):
+    from bpfree.pmt.transfer import float_graph
+    from bpfree.quant.twin import float_twin
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-128, 128, (2, 3, 128, 128), generator=g, dtype=torch.int32)
+    x = x.to(torch.int8)
+    ref = base(x)
+    xf = base.input_quant.dequantize(x)
+    with torch.no_grad():
+        clamped = float_graph(base)(xf)
+        plain = float_twin(base, fake_quant=False)(xf)
+
+    def corr(a):
+        return torch.corrcoef(torch.stack([a.flatten(), ref.flatten()]))[0, 1].item()
+
+    # ReLU6 is fused as the int8 output range: the clamps restore it in the float graph.
+    assert corr(clamped) > 0.9 and corr(clamped) > corr(plain)

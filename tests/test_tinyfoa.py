@@ -1,0 +1,431 @@
+"""TinyFoA: binarisation + STE, vertical slices, baselines' update rules, §3 memory rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bpfree.memory import measure_peak
+from bpfree.tinyfoa import (BP, DRTP, FF, PAPER_TABLE1, PEPITA, BinaryLinear, LocallyConnected2d,
+                            SlicedLC, TinyFoA, fc_shape, fit_epochs, make_method,
+                            paper_table1, parse_variant, phase_mb)
+from bpfree.tinyfoa.accounting import lc_shape, phase_bytes
+from bpfree.tinyfoa.binary import BinarizeWeight, SignSTE, binarize_weight, sign
+
+
+# -- binarisation -------------------------------------------------------------------------
+def test_binarize_weight_is_mean_abs_times_sign():
+    w = torch.tensor([[0.5, -1.5], [0.0, -0.2]])
+    alpha = (0.5 + 1.5 + 0.0 + 0.2) / 4
+    assert torch.equal(binarize_weight(w), alpha * torch.tensor([[1.0, -1.0], [1.0, -1.0]]))
+    assert set(sign(torch.randn(100)).tolist()) <= {-1.0, 1.0}
+
+
+def test_weight_ste_cancels_where_abs_w_exceeds_one():
+    w = torch.tensor([0.3, -0.9, 1.0, 1.2, -3.0], requires_grad=True)
+    BinarizeWeight.apply(w).backward(torch.ones(5) * 2)
+    assert torch.equal(w.grad, torch.tensor([2.0, 2.0, 2.0, 0.0, 0.0]))
+
+
+def test_activation_ste_cancels_where_abs_h_exceeds_one():
+    z = torch.tensor([-2.0, -0.5, 0.0, 0.7, 1.5], requires_grad=True)
+    out = SignSTE.apply(z)
+    assert torch.equal(out, torch.tensor([-1.0, -1.0, 1.0, 1.0, 1.0]))
+    out.backward(torch.full((5,), 3.0))
+    assert torch.equal(z.grad, torch.tensor([0.0, 3.0, 3.0, 3.0, 0.0]))
+
+
+def test_locally_connected_matches_hand_unshared_convolution():
+    g = torch.Generator().manual_seed(0)
+    lc = LocallyConnected2d(1, 2, 3, 2, 1, generator=g)
+    x = torch.randn(1, 1, 3, 3, generator=g)
+    out = lc(x)
+    assert out.shape == (1, 2, 2, 2)
+    # position (r, c) uses its own kernel weight[p]
+    for r in range(2):
+        for c in range(2):
+            p = r * 2 + c
+            patch = x[0, 0, r:r + 2, c:c + 2].reshape(-1)
+            for o in range(2):
+                expect = lc.weight[p, o] @ patch + lc.bias[p, o]
+                assert torch.allclose(out[0, o, r, c], expect, atol=1e-6)
+
+
+# -- TinyFoA: local loss, slices ----------------------------------------------------------
+def _data(n=8, d=8, c=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
+
+
+def test_tinyfoa_step_matches_eq2_hand_computation_full_precision():
+    x, y = _data()
+    net = TinyFoA([8, 8], 4, variant="TinyFoA-V-BA-BW", seed=1)
+    layer, b = net.layers[0], net.projections[0]
+    w0, b0 = layer.weight.clone(), layer.bias.clone()
+    lr = 0.3
+    # hand: a = B relu(W x + b); δa = (p - y)/n; δz = δa B ⊙ 1_{z>0}; δW = δzᵀ x
+    z = x @ w0.T + b0
+    a = torch.relu(z) @ b.T
+    da = (torch.softmax(a, -1) - F.one_hot(y, 4).float()) / x.shape[0]
+    dz = (da @ b) * (z > 0).float()
+    net.step(x, y, lr)
+    assert torch.allclose(layer.weight, w0 - lr * dz.T @ x, atol=1e-6)
+    assert torch.allclose(layer.bias, b0 - lr * dz.sum(0), atol=1e-6)
+
+
+def test_tinyfoa_binary_step_matches_eq5():
+    x, y = _data()
+    net = TinyFoA([8, 8], 4, variant="TinyFoA-V", seed=2)
+    layer, b = net.layers[0], net.projections[0]
+    w0 = layer.latent_weight()
+    w0[0, 0] = 1.5                      # one latent weight beyond the STE range
+    layer.latent[0, 0] = 1.5
+    layer.abs_sum = float(w0.abs().sum())
+    wb = binarize_weight(w0)
+    z = x @ wb.T + layer.bias
+    hb = sign(z)
+    a = hb @ b.T
+    da = (torch.softmax(a, -1) - F.one_hot(y, 4).float()) / x.shape[0]
+    dz = (da @ b) * (z.abs() <= 1).float()
+    dw = (dz.T @ x) * (w0.abs() <= 1).float()
+    lr = 0.1
+    net.step(x, y, lr)
+    w1 = layer.latent_weight()
+    assert torch.allclose(w1, w0 - lr * dw, atol=1e-6)
+    assert w1[0, 0] == 1.5                          # cancelled by 1_{|W| <= 1}
+    assert torch.equal(layer.signs, sign(w1))       # the binary copy follows the latent one
+    assert math.isclose(layer.alpha, float(w1.abs().mean()), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["TinyFoA", "TinyFoA-BW-BA"])
+def test_vertical_step_changes_only_the_active_slice(variant):
+    x, y = _data(d=8)
+    net = TinyFoA([8, 8, 8], 4, variant=variant, m=2, seed=3)
+    for k in range(4):
+        net.set_slice(k)
+        before = [layer.latent_weight() for layer in net.layers]
+        bias_before = [layer.bias.clone() for layer in net.layers]
+        net.step(x, y, 0.5)
+        for layer, w0, b0 in zip(net.layers, before, bias_before):
+            rows, cols = layer.blocks(k)
+            changed = (layer.latent_weight() != w0)
+            assert changed[rows, cols].any()
+            changed[rows, cols] = False
+            assert not changed.any(), "a weight outside the active slice changed"
+            bchanged = layer.bias != b0
+            bchanged[rows] = False
+            assert not bchanged.any()
+
+
+def test_vertical_lc_step_changes_only_the_active_kernels():
+    x, y = _data(n=4, d=36)
+    net = TinyFoA(None, 4, variant="TinyFoA", m=2, seed=0, lc=[(4, 3, 1)], in_shape=(1, 6))
+    layer = net.layers[0]
+    assert isinstance(layer, SlicedLC)
+    net.set_slice(1)
+    w0 = layer.latent_weight()
+    net.step(x, y, 0.5)
+    changed = layer.latent_weight() != w0
+    assert changed[:, 2:4].any() and not changed[:, :2].any()
+
+
+def test_binary_latent_weights_only_hold_the_active_slice():
+    net = TinyFoA([16, 16], 4, variant="TinyFoA", m=4, seed=0)
+    layer = net.layers[0]
+    assert layer.weight is None and layer.latent.shape == (4, 4)
+    net.set_slice(5)
+    assert layer.flash.writes == 1 and layer.flash.reads == 2
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_vertical_step_peak_allocation_is_a_slice_not_the_layer(binary):
+    d, n = 512, 4
+    x, y = torch.rand(n, d), torch.randint(0, 10, (n,))
+    peaks = {}
+    for m in (1, 4):
+        variant = ("TinyFoA" if m > 1 else "TinyFoA-V") if binary else \
+            ("TinyFoA-BW-BA" if m > 1 else "TinyFoA-V-BA-BW")
+        net = TinyFoA([d, d], 10, variant=variant, m=m, seed=0)
+        net.step(x, y, 0.01)             # warm-up
+        _, mem = measure_peak(net.step, x, y, 0.01)
+        peaks[m] = mem.peak_bytes
+    full_grad = d * d * 4
+    slice_grad = full_grad // 16
+    assert peaks[1] >= full_grad                     # without V the layer gradient exists
+    assert peaks[4] <= 2.5 * slice_grad              # with M=4: a 1/16 slice (+ masks, acts)
+    assert peaks[1] / peaks[4] > 6
+
+
+def test_slice_schedule_and_data_exchanges():
+    x, y = _data(n=16)
+    net = TinyFoA([8, 8], 4, variant="TinyFoA", m=2, seed=0)
+    seen = []
+    orig = net.step
+
+    def spy(xb, yb, lr):
+        seen.append(net.layers[0].slice_index)
+        return orig(xb, yb, lr)
+
+    net.step = spy
+    fit_epochs(net, x, y, epochs=4, batch_size=8, lr=0.1)          # F = E = 4
+    assert seen == [0, 0, 1, 1, 2, 2, 3, 3]
+    seen.clear()
+    net2 = TinyFoA([8, 8], 4, variant="TinyFoA", m=2, seed=0)
+    orig = net2.step
+    net2.step = lambda xb, yb, lr: (seen.append(net2.layers[0].slice_index), orig(xb, yb, lr))[1]
+    fit_epochs(net2, x, y, epochs=4, batch_size=8, lr=0.1, exchanges=2)
+    assert seen == [0, 0, 0, 0, 1, 1, 1, 1] and net2.exchanges == 1
+
+
+# -- bad input ----------------------------------------------------------------------------
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="M = 3 slices do not divide.*hidden layer 1's input "
+                                         "size = 8"):
+        TinyFoA([8, 9], 4, variant="TinyFoA", m=3)
+    with pytest.raises(ValueError, match="output size = 10"):
+        TinyFoA([8, 10], 4, variant="TinyFoA", m=4)
+    with pytest.raises(ValueError, match=">= 1"):
+        TinyFoA([8, 8], 4, variant="TinyFoA", m=0)
+    with pytest.raises(ValueError, match="unknown variant 'TinyFoA-X'"):
+        parse_variant("TinyFoA-X")
+    with pytest.raises(ValueError, match="unknown variant"):
+        make_method("SGD+BW", [8, 8])
+    with pytest.raises(ValueError, match="kernel count"):
+        SlicedLC(1, 6, 6, 3, m=4)
+    net = TinyFoA([8, 8], 4, variant="TinyFoA-V")
+    with pytest.raises(ValueError, match="4-class auxiliary classifiers"):
+        net.step(torch.rand(2, 8), torch.tensor([0, 7]), 0.1)
+    with pytest.raises(ValueError, match="10-class"):
+        BP([8, 8], 10).step(torch.rand(2, 8), torch.tensor([0, 10]), 0.1)
+
+
+def test_variant_names_round_trip():
+    for name in ("TinyFoA", "TinyFoA-V", "TinyFoA-V-BA", "TinyFoA-V-BA-BW", "TinyFoA-V-BW",
+                 "TinyFoA-BW-BA", "BP+BW+BA+V", "DRTP+BA", "FF", "PEPITA+BW"):
+        assert parse_variant(name).name == name
+
+
+# -- baselines: update rules against hand computations ------------------------------------
+def _clone(layer: BinaryLinear):
+    return layer.weight.detach().clone(), layer.bias.detach().clone()
+
+
+def test_bp_update_is_autograd_sgd():
+    x, y = _data(d=6)
+    net = BP([6, 5], 4, seed=0)
+    (w1, b1), (w2, b2) = _clone(net.layers[0]), _clone(net.output)
+    z = x @ w1.T + b1
+    h = torch.relu(z)
+    logits = h @ w2.T + b2
+    e = (torch.softmax(logits, -1) - F.one_hot(y, 4).float()) / x.shape[0]
+    dw2, db2 = e.T @ h, e.sum(0)
+    dz = (e @ w2) * (z > 0).float()
+    dw1, db1 = dz.T @ x, dz.sum(0)
+    net.step(x, y, 0.2)
+    assert torch.allclose(net.output.weight, w2 - 0.2 * dw2, atol=1e-6)
+    assert torch.allclose(net.output.bias, b2 - 0.2 * db2, atol=1e-6)
+    assert torch.allclose(net.layers[0].weight, w1 - 0.2 * dw1, atol=1e-6)
+    assert torch.allclose(net.layers[0].bias, b1 - 0.2 * db1, atol=1e-6)
+
+
+def test_bp_vertical_updates_only_the_slice():
+    x, y = _data(d=4)
+    net = BP([4, 4], 4, variant="BP+V", m=2, seed=0)
+    net.slice_k = 3                      # rows 2:4, cols 2:4
+    w0 = net.layers[0].weight.detach().clone()
+    net.step(x, y, 0.5)
+    changed = net.layers[0].weight.detach() != w0
+    assert changed[2:, 2:].any()
+    changed[2:, 2:] = False
+    assert not changed.any()
+
+
+def test_drtp_update_uses_projected_target_not_error():
+    x, y = _data(d=6)
+    net = DRTP([6, 5], 4, seed=0)
+    (w1, b1), (w2, b2) = _clone(net.layers[0]), _clone(net.output)
+    b = net.projections[0]
+    n = x.shape[0]
+    onehot = F.one_hot(y, 4).float()
+    z = x @ w1.T + b1
+    h = torch.tanh(z)
+    dz = -(onehot @ b) * (1 - h ** 2)
+    e = torch.softmax(h @ w2.T + b2, -1) - onehot
+    net.step(x, y, 0.1)
+    assert torch.allclose(net.layers[0].weight, w1 - 0.1 * dz.T @ x / n, atol=1e-6)
+    assert torch.allclose(net.layers[0].bias, b1 - 0.1 * dz.sum(0) / n, atol=1e-6)
+    assert torch.allclose(net.output.weight, w2 - 0.1 * e.T @ h / n, atol=1e-6)
+    # the hidden update does not depend on the output weights (no error transport)
+    net2 = DRTP([6, 5], 4, seed=0)
+    with torch.no_grad():
+        net2.output.weight.mul_(-3)
+    net2.step(x, y, 0.1)
+    assert torch.allclose(net2.layers[0].weight, net.layers[0].weight)
+
+
+def test_pepita_update_matches_two_pass_rule():
+    x, y = _data(d=6)
+    net = PEPITA([6, 5, 5], 4, seed=0)
+    (w1, b1), (w2, b2), (w3, b3) = (_clone(net.layers[0]), _clone(net.layers[1]),
+                                    _clone(net.output))
+    n = x.shape[0]
+    fb = net.feedback
+
+    def fwd(inp):
+        h1 = torch.relu(inp @ w1.T + b1)
+        h2 = torch.relu(h1 @ w2.T + b2)
+        return h1, h2, h2 @ w3.T + b3
+
+    h1, h2, logits = fwd(x)
+    e = torch.softmax(logits, -1) - F.one_hot(y, 4).float()
+    xm = x + e @ fb.T
+    h1m, h2m, _ = fwd(xm)
+    net.step(x, y, 0.1)
+    assert torch.allclose(net.layers[0].weight, w1 - 0.1 * (h1 - h1m).T @ xm / n, atol=1e-6)
+    assert torch.allclose(net.layers[1].weight, w2 - 0.1 * (h2 - h2m).T @ h1m / n, atol=1e-6)
+    assert torch.allclose(net.output.weight, w3 - 0.1 * e.T @ h2m / n, atol=1e-6)
+    assert torch.allclose(net.output.bias, b3 - 0.1 * e.sum(0) / n, atol=1e-6)
+    assert net.forwards == 2 * n
+
+
+def test_ff_update_matches_goodness_gradient_and_negatives_are_wrong_labels():
+    x, y = _data(n=6, d=8)
+    net = FF([8, 5], 4, seed=0, threshold=2.0)
+    w, b = _clone(net.layers[0])
+    g = net.generator.get_state()
+    neg_y = net.negative_labels(y)
+    net.generator.set_state(g)
+    assert (neg_y != y).all()
+    pos, neg = net.embed(x, y), net.embed(x, neg_y)
+    assert torch.equal(pos[torch.arange(6), y], torch.ones(6))
+    n = x.shape[0]
+    dw = torch.zeros_like(w)
+    db = torch.zeros_like(b)
+    for data, sgn in ((pos, -1.0), (neg, 1.0)):
+        u = net.normalise(data)
+        z = u @ w.T + b
+        h = torch.relu(z)
+        gdn = h.pow(2).sum(1)
+        # d/dg softplus(θ - g) = -σ(θ - g); d/dg softplus(g - θ) = σ(g - θ)
+        coef = torch.sigmoid(sgn * (gdn - 2.0)) * sgn / n
+        dz = coef[:, None] * 2 * h * (z > 0).float()
+        dw += dz.T @ u
+        db += dz.sum(0)
+    net.step(x, y, 0.3)
+    assert torch.allclose(net.layers[0].weight, w - 0.3 * dw, atol=1e-6)
+    assert torch.allclose(net.layers[0].bias, b - 0.3 * db, atol=1e-6)
+    # inference scores every label
+    assert net(x).shape == (6, 4)
+
+
+def test_baseline_binary_weights_update_the_latent_weight_through_ste():
+    x, y = _data(d=6)
+    net = DRTP([6, 5], 4, variant="DRTP+BW", seed=0)
+    with torch.no_grad():
+        net.layers[0].weight[0, 0] = 2.0
+    net.step(x, y, 0.1)
+    assert net.layers[0].weight[0, 0] == 2.0
+
+
+def test_every_table_method_trains_a_few_steps():
+    from bpfree.tinyfoa import TABLE1, TABLE2
+    x, y = _data(n=16, d=16)
+    for name in (*TABLE1, *TABLE2):
+        sizes = [16, 8, 8] if name.startswith("PEPITA") else [16, 8, 8, 8]
+        m = make_method(name, sizes, 4, m=2, seed=0)
+        fit_epochs(m, x, y, epochs=2, batch_size=8, lr=0.01)
+        assert m(x).shape == (16, 4) and m.forwards > 0
+
+
+# -- memory accounting --------------------------------------------------------------------
+def test_memory_rules_on_a_small_network_by_hand():
+    # hidden widths [4, 4, 2]: weights 4·4 and 4·2, biases 4+4+2, activations 4+4+2
+    shape = fc_shape([4, 4, 2])
+    bp = phase_bytes("BP", shape)
+    assert bp["forward"] == (16 + 8) * 4 + 10 * 4 + 10 * 4
+    assert bp["gradient"] == (24 * 4) * 2 + 10 * 4 + 10 * 4
+    assert bp["update"] == 2 * 24 * 4 + 2 * 10 * 4
+    tiny = phase_bytes("TinyFoA-V-BA-BW", shape)
+    assert tiny["forward"] == 16 * 4 + 4 * 4 + (4 + 4) * 4    # largest layer only
+    assert tiny["gradient"] == 16 * 4 + 4 * 4 + 8 * 4
+    assert tiny["update"] == 2 * 16 * 4 + 2 * 4 * 4
+    tf = phase_bytes("TinyFoA", shape, m=2)                     # BW, BA, M=2
+    assert tf["forward"] == 16 * 4 / 32 + 4 * 4 + 8 * 4 / 32
+    assert tf["gradient"] == 16 * 4 / 4 + 4 * 4 + 8 * 4 / 32
+    assert tf["update"] == 2 * 16 * 4 / 4 + 2 * 4 * 4 / 2
+    drtp = phase_bytes("DRTP+BW", shape)
+    assert drtp["gradient"] == 24 * 4 + 10 * 4                 # no weights needed
+    ff = phase_bytes("FF", shape)
+    assert ff["forward"] == 16 * 4 + 4 * 4 + 2 * 8 * 4         # positive + negative
+    assert bp["comp"] == 2 * 24 * 4
+    assert phase_bytes("BP+BW+BA", shape)["comp"] == 2 * 24 * 4 / 64
+    lc = phase_bytes("TinyFoA", lc_shape([(1, 4, 9, 2)]), m=2)  # LC: M slices, not M²
+    assert lc["gradient"] == 9 * 4 * 4 * 4 / 2 + 36 * 4 + (9 + 36) * 4 / 32
+
+
+def test_table1_memory_columns_and_ratios_match_the_paper():
+    ours = paper_table1()
+    for name, paper in PAPER_TABLE1.items():
+        got = ours[name]
+        for col, ref in zip(("forward", "gradient", "update", "comp"), paper):
+            assert abs(got[col] - ref) <= 0.012, (name, col, got[col], ref)
+    # §4.1 ratios: BP / TinyFoA-V-BA-BW ≈ 3×, 6×, 3×; BP / TinyFoA ≈ 96×, 24×, 12×
+    base, bp, tf = ours["TinyFoA-V-BA-BW"], ours["BP"], ours["TinyFoA"]
+    assert round(bp["forward"] / base["forward"]) == 3
+    assert round(bp["gradient"] / base["gradient"]) == 6
+    assert round(bp["update"] / base["update"]) == 3
+    assert round(bp["forward"] / tf["forward"]) in (95, 96)
+    assert round(bp["gradient"] / tf["gradient"]) == 24
+    assert round(bp["update"] / tf["update"]) == 12
+
+
+def test_phase_mb_slices():
+    shape = fc_shape([64, 64, 64])
+    full = phase_mb("TinyFoA-BW-BA", shape, m=1)
+    for m in (2, 4, 8):
+        sl = phase_mb("TinyFoA-BW-BA", shape, m=m)
+        w = 64 * 64 * 4 / 2 ** 20
+        assert math.isclose(sl["update"] - 2 * 64 * 4 / m / 2 ** 20, 2 * w / m ** 2)
+        assert sl["gradient"] < full["gradient"]
+
+
+def test_bp_locally_connected_vertical_updates_only_active_kernels():
+    x, y = _data(n=4, d=36)
+    net = BP(None, 4, variant="BP+V", m=2, seed=0, lc=[(4, 3, 1)], in_shape=(1, 6))
+    net.slice_k = 1
+    w0 = net.layers[0].weight.detach().clone()
+    net.step(x, y, 0.5)
+    changed = net.layers[0].weight.detach() != w0
+    assert changed[:, 2:4].any() and not changed[:, :2].any()
+    assert net(x).shape == (4, 4)
+    with pytest.raises(ValueError, match="kernel count = 4"):
+        BP(None, 4, variant="BP+V", m=3, lc=[(4, 3, 1)], in_shape=(1, 6))
+
+
+def test_memory_rule_adapter_reports_three_phases():
+    from bpfree.memory import profile_model
+    from bpfree.tinyfoa import memory_rule
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    profile = profile_model(model, torch.zeros(1, 8))
+    report = memory_rule("TinyFoA-V-BA-BW")(profile)
+    # largest layer 8→4: weights 32, bias 4, activations 8 + 4
+    assert report.parts == {"forward": 32 * 4 + 4 * 4 + 12 * 4,
+                            "gradient": 32 * 4 + 4 * 4 + 12 * 4,
+                            "update": 2 * 32 * 4 + 2 * 4 * 4}
+
+
+def test_tinyfoa_is_a_registered_memory_method():
+    from bpfree.memory import analytic, profile_model
+    from bpfree.tinyfoa import memory_rule
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    report = analytic(model, "tinyfoa", input_shape=(1, 8))
+    expected = memory_rule("TinyFoA")(profile_model(model, torch.zeros(1, 8)))
+    assert report.parts == expected.parts
+    # BW + BA + M = 2: binary weights cost 1/32 of float, a quarter of the layer's latent
+    # weights is updated at once, so the total is far below BP's.
+    assert report.total < analytic(model, "bp", input_shape=(1, 8)).total

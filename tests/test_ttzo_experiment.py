@@ -1,0 +1,95 @@
+"""Smoke tests of the TT-ZO MNIST experiment tasks (bpfree.ttzo.experiment, bench tt-zo)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from bpfree.data import mnist_files
+from bpfree.data.paths import require_data_root
+from bpfree.tt import tt_mlp_num_parameters
+from bpfree.ttzo import queries_to_accuracy
+from bpfree.ttzo.experiment import (DENSE_PARAMS, compression_ratio, make_method, make_model,
+                                    run_task)
+
+ROOT = Path(__file__).resolve().parent.parent
+MNIST_FILES = mnist_files("train") + mnist_files("test")
+TINY = dict(n_train=256, n_val=128, epochs=2, max_steps_per_epoch=2, batch_size=32)
+
+
+def test_paper_parameter_counts():
+    assert tt_mlp_num_parameters(make_model("tt", rank=6)) == 3962
+    assert tt_mlp_num_parameters(make_model("tt", rank=10)) == 8314
+    assert tt_mlp_num_parameters(make_model("mlp")) == DENSE_PARAMS == 814_090
+    assert tt_mlp_num_parameters(make_model("small-mlp")) == 7960
+    assert compression_ratio(3962) == pytest.approx(0.00487, abs=1e-5)
+
+
+def test_sp_model_has_target_count():
+    torch.manual_seed(0)
+    x, y = torch.rand(64, 784), torch.randint(0, 10, (64,))
+    model = make_model("sp", sp_params=3962, prune_data=(x, y))
+    assert tt_mlp_num_parameters(model) == 3962
+    assert model(x).shape == (64, 10)
+
+
+def test_unknown_names():
+    with pytest.raises(ValueError, match="unknown model"):
+        make_model("cnn")
+    with pytest.raises(ValueError, match="unknown method"):
+        make_method("adam", make_model("small-mlp"))
+    with pytest.raises(ValueError, match="sp_params"):
+        make_model("sp")
+
+
+@pytest.mark.parametrize("model,method,kwargs", [
+    ("tt", "fo", {}),
+    ("tt", "sign_rge", {}),
+    ("tt", "hybrid", dict(cge_coordinates=8, max_coarse_epochs=1)),
+    ("sp", "rge", {}),
+    ("small-mlp", "fa", {}),
+])
+def test_run_task_smoke(model, method, kwargs):
+    require_data_root("mnist", MNIST_FILES)
+    out = run_task(dict(TINY, model=model, method=method, rank=2, sp_params=2000,
+                        method_kwargs=kwargs))
+    pickle.dumps(out)
+    log = out["log"]
+    assert len(log["val_acc"]) == 2 and out["steps"] == 4
+    assert all(0.0 <= a <= 100.0 for a in log["val_acc"])
+    if method == "sign_rge":
+        assert out["batch_forwards"] == 4 * 11 == log["batch_forwards"][-1]
+    if method == "hybrid":
+        assert out["history"]["switch_epoch"] == 1
+        assert out["history"]["steps"] == {"sign_rge": 2, "cge": 2}
+        assert out["batch_forwards"] == 2 * 11 + 2 * 9
+        assert log["switch_epoch"] == 1
+    if model == "sp":
+        assert out["params"] == 2000
+
+
+def test_queries_lower_bound_log():
+    import types
+
+    log = types.SimpleNamespace(val_acc=[50.0, 86.0], batch_forwards=[11, 22])
+    assert queries_to_accuracy(log, 85.0) == 22
+    assert queries_to_accuracy(log, 90.0) is None
+
+
+def test_benchmark_task_plan():
+    spec = importlib.util.spec_from_file_location("tt_zo_bench", ROOT / "benchmarks" / "tt_zo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.NAME == "tt-zo"
+    for quick in (True, False):
+        tasks = mod._tasks(mod._settings(quick), "cpu")
+        assert ("tt6", "cge") in tasks and ("sp", "hybrid") in tasks
+        assert {t["method"] for t in tasks.values()} >= {"fo", "rge", "sign_rge", "hybrid",
+                                                          "fg-w", "fg-a", "fa", "dfa", "cge"}
+        pickle.dumps(tasks)
+    quick_tasks = mod._tasks(mod._settings(True), "cpu")
+    assert quick_tasks[("tt6", "hybrid")]["method_kwargs"]["cge_coordinates"] == 64
