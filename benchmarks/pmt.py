@@ -15,14 +15,14 @@ the comparison, not for equality.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from bpfree.bench.figures import pyplot, save_figure
+from bpfree.bench.parallel import default_workers, run_keyed
 
 NAME = "pmt"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -150,10 +150,7 @@ def _memory(float_model, method: str, setup, block_layers, coordinates: int) -> 
 
 
 def _plot_curves(curves: dict, title: str, path: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, (fw, loss) in curves.items():
@@ -163,18 +160,11 @@ def _plot_curves(curves: dict, title: str, path: Path) -> str:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path.relative_to(ROOT))
+    return save_figure(fig, path, ROOT)
 
 
 def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     methods = list(acc)
@@ -188,11 +178,7 @@ def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
     ax.set_ylabel("test accuracy (%)")
     ax.legend(fontsize=6, ncol=2)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path.relative_to(ROOT))
+    return save_figure(fig, path, ROOT)
 
 
 def run(quick: bool):
@@ -205,7 +191,7 @@ def run(quick: bool):
     cfg = _settings(quick)
     setup = cfg["setup"]
     t_start = time.perf_counter()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(default_workers())
     xtr, ytr = load_mnist(split="train")
     xte, yte = load_mnist(split="test")
     n_pre = cfg["pretrain_images"]
@@ -251,17 +237,12 @@ def run(quick: bool):
             tasks[("ablation", label, rate)] = ("ablation", dict(
                 qmodel=qmodel, train=gauss[0], test=gauss[1], config=conf, epochs=e, lr=rate,
                 batch_size=bs, seed=SEED))
-    workers = max(1, min(2, os.cpu_count() or 1))
+    workers = default_workers()
     torch.set_num_threads(1)
-    results = {}
-    ctx = multiprocessing.get_context("spawn")
     xb, yb = gauss[0][0][:cfg["cosine_batch"]], gauss[0][1][:cfg["cosine_batch"]]
     tasks[("cosine",)] = ("cosine", dict(qmodel=qmodel, x=xb, y=yb,
                                          queries=cfg["cosine_queries"], seed=SEED))
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(run_task, task): key for key, task in tasks.items()}
-        for fut in cf.as_completed(futures):
-            results[futures[fut]] = fut.result()
+    results = run_keyed(run_task, tasks, workers)
     cos = results.pop(("cosine",))
     ablation_results, ablation_lr = {}, {}
     for key, res in results.items():

@@ -18,13 +18,14 @@ set, shown for the shape of the comparison.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from bpfree.bench.figures import pyplot, save_figure
+from bpfree.bench.parallel import default_workers, spawn_pool
 
 NAME = "qzo-ff"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -95,10 +96,7 @@ def _settings(quick: bool) -> dict:
 
 
 def _plot_curves(curves: dict, title: str, path: Path, xlabel="step") -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for label, ys in curves.items():
@@ -110,11 +108,7 @@ def _plot_curves(curves: dict, title: str, path: Path, xlabel="step") -> str:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path.relative_to(ROOT))
+    return save_figure(fig, path, ROOT)
 
 
 def _memory_rows(batch_size: int, m: int):
@@ -136,10 +130,9 @@ def run(quick: bool):
     seed = int(torch.initial_seed()) % (2**31)  # SEED, or bpfree bench --seed
     mode = "quick" if quick else "full"
     t_start = time.perf_counter()
-    workers = max(1, min(2, os.cpu_count() or 1))
-    ctx = multiprocessing.get_context("spawn")
+    workers = default_workers()
     timings = {}
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with spawn_pool(workers) as pool:
         # Stage 1: the two BP-pretrained backbones.
         fa = pool.submit(run_task, ("pretrain", dict(kind="mnist", classes=range(5), lr=3e-3,
                                                       seed=seed, **cfg["pre_a"])))

@@ -13,13 +13,13 @@ mode uses the paper's settings (all of MNIST, 100 epochs, full CGE) and runs for
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
-import multiprocessing
-import os
 import time
 import types
 from pathlib import Path
+
+from bpfree.bench.figures import pyplot, save_figure
+from bpfree.bench.parallel import default_workers, run_keyed
 
 NAME = "tt-zo"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -126,15 +126,7 @@ def _run_all(tasks: dict, workers: int) -> dict:
     from bpfree.ttzo.experiment import run_task
 
     order = sorted(tasks, key=lambda k: -_cost(tasks[k]))
-    if workers <= 1:
-        return {k: run_task(tasks[k]) for k in order}
-    results = {}
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(run_task, tasks[k]): k for k in order}
-        for fut in cf.as_completed(futures):
-            results[futures[fut]] = fut.result()
-    return results
+    return run_keyed(run_task, tasks, workers, order=order)
 
 
 def _best(res: dict) -> float:
@@ -152,10 +144,7 @@ def _budget(res: dict) -> str:
 
 
 def _plot_fig1(results: dict, path: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for key, label in ((("tt6", "rge"), "ZO-RGE"), (("tt6", "sign_rge"), "ZO-signRGE"),
@@ -172,11 +161,7 @@ def _plot_fig1(results: dict, path: Path) -> str:
     ax.set_title("TT-MLP r=6 on MNIST (Fig. 1)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path.relative_to(ROOT))
+    return save_figure(fig, path, ROOT)
 
 
 def run(quick: bool):
@@ -191,7 +176,7 @@ def run(quick: bool):
     cfg = _settings(quick)
     use_cuda = (not quick) and torch.cuda.is_available()
     device = "cuda" if use_cuda else "cpu"
-    workers = 1 if use_cuda else max(1, min(2, os.cpu_count() or 1))
+    workers = 1 if use_cuda else default_workers()
     tasks = _tasks(cfg, device)
     results = _run_all(tasks, workers)
 
@@ -325,7 +310,7 @@ def run(quick: bool):
         torch.set_num_threads(1)
         extra["device"] = (f"{describe_device('cpu').rsplit(',', 1)[0]}, "
                            f"{workers} worker processes x 1 thread")
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        torch.set_num_threads(default_workers())
     else:
         extra["device"] = describe_device("cuda")
     return rows, extra

@@ -1,0 +1,35 @@
+"""Figure helpers shared by the benchmarks: a headless pyplot and one way to save PNGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["pyplot", "save_figure"]
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (benchmarks run headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path, root: str | Path | None = None, *,
+                dpi: int = 120) -> str:
+    """Lay out, write ``fig`` as PNG to ``path`` (parents created) and close it.
+
+    Returns the path as text, relative to ``root`` when given (the form the result JSON's
+    ``figures`` entries and ``docs/BENCHMARKS.md`` use).
+    """
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return str(path.relative_to(root)) if root is not None else str(path)

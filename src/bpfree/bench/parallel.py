@@ -1,0 +1,54 @@
+"""Process pools for benchmarks: independent training runs spread over the CPU cores.
+
+Benchmarks pin one torch thread per worker (the runs are small, so a process per core beats
+intra-op threads) and use the ``spawn`` start method, because forking a process that has
+already started torch's thread pools can deadlock.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+__all__ = ["default_workers", "spawn_pool", "run_keyed"]
+
+
+def default_workers(limit: int = 2) -> int:
+    """Worker processes for a CPU benchmark: the cores there are, at most ``limit`` (the CI
+    machine and the ``--quick`` budgets assume 2)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return max(1, min(limit, os.cpu_count() or 1))
+
+
+def spawn_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """A ``ProcessPoolExecutor`` of ``workers`` processes started with ``spawn``."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return cf.ProcessPoolExecutor(max_workers=workers,
+                                  mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: int,
+              order: list | None = None) -> dict:
+    """``{key: fn(task)}`` for every item of ``tasks``.
+
+    ``workers`` ≤ 1 runs them in this process (easier to debug and profile). Otherwise they
+    are submitted in ``order`` (default: as given; put the longest first so the pool does not
+    end on one long straggler) to a spawn pool; ``fn`` and the tasks must pickle. The first
+    task that raises propagates its exception.
+    """
+    keys = list(tasks) if order is None else list(order)
+    if set(keys) != set(tasks):
+        raise ValueError("order must list every task key exactly once")
+    if workers <= 1:
+        return {k: fn(tasks[k]) for k in keys}
+    results = {}
+    with spawn_pool(workers) as pool:
+        futures = {pool.submit(fn, tasks[k]): k for k in keys}
+        for fut in cf.as_completed(futures):
+            results[futures[fut]] = fut.result()
+    return results

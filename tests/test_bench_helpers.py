@@ -1,0 +1,42 @@
+"""The process-pool and figure helpers the benchmarks share (bpfree.bench.parallel / figures)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bpfree.bench.figures import pyplot, save_figure
+from bpfree.bench.parallel import default_workers, run_keyed, spawn_pool
+
+
+def test_run_keyed_in_process_and_in_a_spawn_pool_agree():
+    tasks = {"a": 4.0, "b": 9.0, ("c", 1): 16.0}
+    local = run_keyed(math.sqrt, tasks, workers=1)
+    pooled = run_keyed(math.sqrt, tasks, workers=2, order=[("c", 1), "a", "b"])
+    assert local == pooled == {"a": 2.0, "b": 3.0, ("c", 1): 4.0}
+
+
+def test_run_keyed_propagates_a_task_error():
+    with pytest.raises(ValueError, match="math domain error"):
+        run_keyed(math.sqrt, {"ok": 1.0, "bad": -1.0}, workers=1)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="every task key"):
+        run_keyed(math.sqrt, {"a": 1.0}, workers=1, order=["a", "b"])
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        spawn_pool(0)
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        default_workers(0)
+    assert 1 <= default_workers(2) <= 2
+
+
+def test_save_figure_writes_a_png_and_returns_the_relative_path(tmp_path):
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    rel = save_figure(fig, tmp_path / "sub" / "f.png", root=tmp_path)
+    assert rel == "sub/f.png"
+    assert (tmp_path / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not plt.get_fignums()          # closed, so long benchmarks do not leak figures
