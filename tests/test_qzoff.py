@@ -14,7 +14,7 @@ from torch import nn
 
 from bpfree.data import load_digits_split
 from bpfree.perturb import derive_seed, quantization_scale, quantized_gaussian_codes, quantized_one
-from bpfree.pmt.harness import fit
+from bpfree.harness import fit
 from bpfree.qzoff import (
     QZOFF,
     EpsilonUnderflowWarning,

@@ -13,7 +13,7 @@
 from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from .estimate import LayerEstimate, estimate_group, node_to_parameter_gradients, requant_scale
 from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss
-from .harness import History, accuracy, cosine_lr, fit
+from ..harness import History, accuracy, cosine_lr, fit
 from .trainer import PERTURBATIONS, PMTConfig, PMTTrainer
 from .update import apply_update, gradient_norm_scale, quantization_aware_scales
 

@@ -1,9 +1,9 @@
 """Baselines PMT is compared with (Zhao et al. 2025, §4.2.2, §4.3, Tables 5–7).
 
-Every class implements the :class:`~bpfree.pmt.harness.Method` protocol — a ``forwards``
+Every class implements the :class:`~bpfree.harness.Method` protocol — a ``forwards``
 counter of per-sample forward passes (Table 5's unit: a forward of N samples counts N) and
 ``step(x, y, lr) -> dict`` whose ``"loss"`` is the mean clean loss of the batch *before* the
-update — so :func:`bpfree.pmt.fit` runs them on the same batches and schedule as
+update — so :func:`bpfree.harness.fit` runs them on the same batches and schedule as
 :class:`~bpfree.pmt.PMTTrainer`, and :func:`bpfree.pmt.accuracy` evaluates ``method.model``.
 
 BP-free, on the real-quantized int8 model (integer units, ``mu = 1``, saturating perturbations,
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..harness import check_batch, check_learning_rate
 from ..perturb import derive_seed, rademacher_xorshift
 from .estimate import LayerEstimate
 from .graph import AFFINE_TYPES, StagedModel, TrainableLayer, _check_model, find_layers, \
@@ -65,19 +66,6 @@ def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     return int(seed)
-
-
-def _check_lr(lr) -> float:
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) \
-            or lr < 0:
-        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
-    return float(lr)
-
-
-def _check_batch(x: torch.Tensor, y: torch.Tensor) -> None:
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise ValueError(f"x and y must hold the same non-zero number of samples, got "
-                         f"{x.shape[0]} and {y.shape[0]}")
 
 
 def _finite_loss(loss: torch.Tensor) -> torch.Tensor:
@@ -138,7 +126,7 @@ class _IntegerZO:
         self.forwards = 0
 
     def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_batch(x, y)
+        check_batch(x, y)
         device = _model_device(self.model)
         return self.staged.quantize(x.to(device)), y.to(device)
 
@@ -226,7 +214,7 @@ class MeZO(_IntegerZO):
         return est, loss
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
+        lr = check_learning_rate(lr)
         start_forwards = self.forwards
         est, loss = self.estimate(x, y)
         _finite_loss(loss)
@@ -361,7 +349,7 @@ class DeepZeroCGE(_IntegerZO):
         return out
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
+        lr = check_learning_rate(lr)
         start_forwards = self.forwards
         est, loss = self.estimate(x, y)
         stats = {layer.name: apply_update(layer.module, est[layer.name], lr, gns=False,
@@ -424,8 +412,8 @@ class FullTrainFP32:
         self.steps = 0
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
-        _check_batch(x, y)
+        lr = check_learning_rate(lr)
+        check_batch(x, y)
         device = _model_device(self.model)
         x, y = x.to(device), y.to(device)
         self.model.eval()
@@ -517,7 +505,7 @@ class FullTrainINT8:
                   ) -> tuple[dict[str, LayerEstimate], torch.Tensor]:
         """(name -> exact BP gradient in integer units, mean twin loss) at the current int8
         weights. Counts N forwards and N backwards."""
-        _check_batch(x, y)
+        check_batch(x, y)
         device = _model_device(self.model)
         x, y = x.to(device), y.to(device)
         self.sync()
@@ -549,7 +537,7 @@ class FullTrainINT8:
         return out, loss.detach()
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
+        lr = check_learning_rate(lr)
         start_forwards = self.forwards
         grads, loss = self.gradients(x, y)
         stats = {name: apply_update(self.qlayers[name], grads[name], lr, gns=False, qas=self.qas)

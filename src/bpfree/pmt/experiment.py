@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
-from .harness import accuracy, fit
+from ..harness import accuracy, fit
 from .sparse import holdout_split, select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 

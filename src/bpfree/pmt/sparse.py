@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .graph import TrainableLayer
-from .harness import accuracy, fit
+from ..harness import accuracy, fit
 
 
 def split_blocks(layers: list[TrainableLayer], num_blocks: int = 4) -> list[list[str]]:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .baselines import FullTrainFP32, SparseBP
-from .harness import accuracy, fit
+from ..harness import accuracy, fit
 from .sparse import holdout_split, select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 

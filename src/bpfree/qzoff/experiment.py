@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..fewshot import bp_finetune, feature_function, protonet_predict, sample_episodes
-from ..pmt.harness import fit
+from ..harness import fit
 from .model import ActivationQuantizer
 from .trainer import QZOFF, QZOFFConfig
 
@@ -200,7 +200,7 @@ def prototype_head(feats: torch.Tensor, y: torch.Tensor, n_way: int) -> nn.Seque
 
 
 class BPAdamW:
-    """Back-propagation with AdamW (betas 0.9/0.95) as a :class:`bpfree.pmt.harness.Method`:
+    """Back-propagation with AdamW (betas 0.9/0.95) as a :class:`bpfree.harness.Method`:
     ``step(x, y, lr)``; ``forwards`` counts per-sample forward passes (one per sample and step;
     each step also runs a backward pass)."""
 
@@ -232,7 +232,7 @@ def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *
                config: QZOFFConfig | None = None, recorder=None) -> dict:
     """Train a (copy of a) decoder on features: ``method`` ``"bp"`` (:class:`BPAdamW`) or
     ``"ff"`` (:class:`QZOFF` with ``config``). Cosine schedule, shuffled batches from
-    ``seed`` (:func:`bpfree.pmt.harness.fit`). Returns ``{"model", "loss", "forwards",
+    ``seed`` (:func:`bpfree.harness.fit`). Returns ``{"model", "loss", "forwards",
     "seconds", "recorder"}`` (+ ``"eps_underflow"`` warnings for FF). ``recorder``: a callable
     ``recorder(trained_copy) -> TrajectoryRecorder`` (the copy does not exist before the
     call); the recorder stores the start and every step."""

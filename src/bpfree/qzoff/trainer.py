@@ -187,7 +187,7 @@ class QZOFFEstimate:
 
 
 class QZOFF:
-    """QZO-FF on a float ``nn.Module``; implements ``bpfree.pmt.harness.Method``.
+    """QZO-FF on a float ``nn.Module``; implements ``bpfree.harness.Method``.
 
     ``step(x, y, lr) -> {"loss", "forwards", "moved"}`` ("forwards": per-sample forward passes
     of the step, ``2·m·N`` plus ``2·N`` with sharpness-aware perturbation; "moved": how many

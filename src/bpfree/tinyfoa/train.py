@@ -1,14 +1,11 @@
-"""Training loop: :func:`bpfree.pmt.harness.fit`'s batches and schedule, plus TinyFoA's slice
+"""Training loop: :func:`bpfree.harness.fit` with TinyFoA's slice
 schedule (``F`` data exchanges spread evenly over training, §4.2)."""
 
 from __future__ import annotations
 
-import math
-import time
-
 import torch
 
-from bpfree.pmt.harness import History, accuracy, batches, cosine_lr
+from ..harness import History, accuracy, fit
 
 __all__ = ["evaluate", "fit_epochs"]
 
@@ -24,27 +21,13 @@ def fit_epochs(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_s
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-    if schedule not in ("cosine", "constant"):
-        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
     f = epochs if exchanges is None else int(exchanges)
     if f < 1:
         raise ValueError(f"the number of data exchanges F must be >= 1, got {f}")
-    n = x.shape[0]
-    total = epochs * math.ceil(n / batch_size)
-    history = History()
-    t0 = time.perf_counter()
-    for step, idx in enumerate(batches(n, batch_size, epochs, seed)):
-        if hasattr(method, "set_progress"):
-            method.set_progress(step, total, f)
-        rate = cosine_lr(lr, step, total) if schedule == "cosine" else lr
-        out = method.step(x[idx], y[idx], rate)
-        if not math.isfinite(out["loss"]):
-            raise FloatingPointError(f"non-finite loss at step {step}")
-        history.loss.append(out["loss"])
-        history.lr.append(rate)
-        history.forwards.append(method.forwards)
-    history.seconds = time.perf_counter() - t0
-    return history
+    set_progress = getattr(method, "set_progress", None)
+    hook = None if set_progress is None else (lambda step, total: set_progress(step, total, f))
+    return fit(method, x, y, epochs=epochs, batch_size=batch_size, lr=lr, schedule=schedule,
+               seed=seed, before_step=hook)
 
 
 def evaluate(method, x: torch.Tensor, y: torch.Tensor) -> float:

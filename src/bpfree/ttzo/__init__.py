@@ -9,7 +9,7 @@
 * :mod:`.train`: :func:`train`, the §5.1 epoch loop (lr 1e-3 × 0.9 every 10 epochs) with
   per-epoch validation accuracy and forward counts; :func:`queries_to_accuracy`.
 
-All trainers follow the :class:`bpfree.pmt.harness.Method` protocol (``forwards`` per-sample
+All trainers follow the :class:`bpfree.harness.Method` protocol (``forwards`` per-sample
 counter, ``step(x, y, lr) -> dict(loss=...)``). The ZO trainers also count
 ``batch_forwards`` (mini-batch loss evaluations), the paper's unit of "queries".
 """

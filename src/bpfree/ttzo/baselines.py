@@ -28,8 +28,9 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
+from ..harness import check_batch, check_learning_rate
 from ..objective import cross_entropy_per_sample
-from .hybrid import ZOTrainer, _check_batch, _check_lr
+from .hybrid import ZOTrainer
 
 __all__ = ["BPTrainer", "grasp_scores", "grasp_prune", "MaskedModel", "ForwardGradientW",
            "ForwardGradientA", "FeedbackAlignment", "DirectFeedbackAlignment"]
@@ -73,8 +74,8 @@ class BPTrainer:
         self.steps = 0
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
-        _check_batch(x, y)
+        lr = check_learning_rate(lr)
+        check_batch(x, y)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -376,7 +377,7 @@ class ForwardGradientA:
     @torch.no_grad()
     def gradients(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list[dict]]:
         """The FG-A estimate: ``(loss, [{"weight": ĝ_W, "bias": ĝ_b, "g_z", "input", "u", "d"}])``."""
-        _check_batch(x, y)
+        check_batch(x, y)
         n = int(x.shape[0])
         groups = [{i} for i in range(len(self.layers))] if self.independent_layers \
             else [set(range(len(self.layers)))]
@@ -400,7 +401,7 @@ class ForwardGradientA:
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
+        lr = check_learning_rate(lr)
         loss, grads = self.gradients(x, y)
         for (_, layer), g in zip(self.layers, grads):
             if layer.weight.requires_grad:
@@ -466,7 +467,7 @@ class _AlignmentBase:
     @torch.no_grad()
     def gradients(self, x: torch.Tensor, y: torch.Tensor):
         """``(loss, [(grad_W, grad_b) per layer])`` with the feedback rule of this class."""
-        _check_batch(x, y)
+        check_batch(x, y)
         hs, zs = self._forward(x)
         logits = zs[-1]
         loss = F.cross_entropy(logits, y)
@@ -479,7 +480,7 @@ class _AlignmentBase:
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
+        lr = check_learning_rate(lr)
         loss, grads = self.gradients(x, y)
         if not math.isfinite(loss):
             raise FloatingPointError("non-finite loss; model unchanged")

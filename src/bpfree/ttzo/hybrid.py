@@ -20,7 +20,7 @@ Forward accounting. Every trainer keeps two counters:
   steps/epoch, 340K ≈ 31 signRGE epochs and 11M ≈ 3 CGE epochs; per-sample counts would be
   64× larger). Use this counter for that comparison.
 * ``forwards`` -- per-sample forward passes (a forward of B samples counts B), the unit of
-  :mod:`bpfree.pmt.harness` (PMT Table 5), so these trainers can share ``bpfree.pmt.fit``.
+  :mod:`bpfree.harness` (PMT Table 5), so these trainers can share ``bpfree.harness.fit``.
 
 Per step (one-sided estimators, as in Eq. 2 and the foundation's ``sign_rge``/``rge``/``cge``):
 
@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..estimators import cge, forward_gradient, rge, sign_rge
+from ..harness import check_batch, check_learning_rate
 from ..objective import Objective, cross_entropy_per_sample
 from ..optim import ZOOptimizer
 from ..transforms import momentum as momentum_transform
@@ -56,18 +57,6 @@ PAPER_N = 10
 PAPER_RGE_MU = 0.1
 PAPER_CGE_MU = 0.01
 PAPER_MOMENTUM = 0.9
-
-
-def _check_lr(lr) -> float:
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) or lr < 0:
-        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
-    return float(lr)
-
-
-def _check_batch(x: torch.Tensor, y: torch.Tensor) -> None:
-    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
-        raise ValueError(f"x and y must hold the same non-zero number of samples, got "
-                         f"{x.shape[0]} and {y.shape[0]}")
 
 
 def _trainable(model: nn.Module, params) -> list[tuple[str, nn.Parameter]]:
@@ -167,8 +156,8 @@ class ZOTrainer:
         return est.num_queries + 1
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = _check_lr(lr)
-        _check_batch(x, y)
+        lr = check_learning_rate(lr)
+        check_batch(x, y)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = self.optimizer.step(Objective(self.model, x, y, self.loss_fn))
@@ -264,7 +253,7 @@ class HybridZO:
     ``b_t = m·b_{t−1} + g_t``, ``θ ← θ − α·b_t`` (``d + 1`` evaluations per step).
 
     With ``steps_per_epoch`` set, :meth:`end_epoch` is called automatically after that many
-    steps, so the hybrid also runs under :func:`bpfree.pmt.fit` (which has no epoch hook).
+    steps, so the hybrid also runs under :func:`bpfree.harness.fit` (which has no epoch hook).
 
     ``history`` holds ``epoch_loss`` (one entry per epoch), ``epoch_phase``, ``switch_epoch``
     (the 0-based index of the first epoch trained with CGE, i.e. the stall epoch + 1; None

@@ -1,7 +1,7 @@
 """Epoch loop with TT-ZO §5.1's schedule: batch 64, lr 1e-3 × 0.9 every 10 epochs.
 
 :func:`train` runs any Method-protocol trainer (``step(x, y, lr)``, ``forwards``) epoch by
-epoch on the reproducible batches of :func:`bpfree.pmt.harness.batches`, calls the method's
+epoch on the reproducible batches of :func:`bpfree.harness.batches`, calls the method's
 ``end_epoch(loss)`` when it has one (:class:`~bpfree.ttzo.HybridZO` switches there), and logs
 per epoch the mean training loss, the validation accuracy and the cumulative forward counts,
 so "forward evaluations to reach X% validation accuracy" (the paper's 340K vs 11M) can be
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..pmt.harness import accuracy, batches
+from ..harness import accuracy, batches
 from ..transforms import exponential
 
 __all__ = ["TrainLog", "train", "queries_to_accuracy"]

@@ -1,4 +1,4 @@
-"""One training harness for PMT and its baselines: epochs, cosine schedule, budget accounting.
+"""One training harness for every method: epochs, cosine schedule, budget accounting.
 
 Every method exposes ``step(x, y, lr) -> dict`` (with at least ``"loss"``) and a ``forwards``
 counter of per-sample forward passes (Table 5's unit), so :func:`fit` can run any of them on
@@ -8,7 +8,9 @@ the same data, the same batches and the same schedule, and report the same histo
 from __future__ import annotations
 
 import math
+import numbers
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +38,21 @@ class History:
                 "seconds": self.seconds}
 
 
+def check_learning_rate(lr) -> float:
+    """``lr`` as a float; a clear ValueError unless it is a finite real number >= 0."""
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) \
+            or lr < 0:
+        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
+    return float(lr)
+
+
+def check_batch(x: torch.Tensor, y: torch.Tensor) -> None:
+    """A clear ValueError unless inputs and labels hold the same non-zero number of samples."""
+    if x.shape[0] != y.shape[0] or x.shape[0] == 0:
+        raise ValueError(f"x and y must hold the same non-zero number of samples, got "
+                         f"{x.shape[0]} and {y.shape[0]}")
+
+
 def cosine_lr(base: float, step: int, total: int) -> float:
     """Cosine decay from ``base`` to 0 over ``total`` steps (§4.1)."""
     return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
@@ -51,18 +68,19 @@ def batches(n: int, batch_size: int, epochs: int, seed: int):
 
 
 def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-        lr: float, schedule: str = "cosine", seed: int = 0, progress: bool | str = False
-        ) -> History:
+        lr: float, schedule: str = "cosine", seed: int = 0, progress: bool | str = False,
+        before_step: Callable[[int, int], None] | None = None) -> History:
     """Train ``method`` for ``epochs`` over ``(x, y)``; returns the :class:`History`.
 
+    ``before_step(step, total)`` is called before each step (e.g. TinyFoA's slice schedule).
     Raises FloatingPointError when a step's loss is not finite (the step did not update).
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
     if schedule not in ("cosine", "constant"):
         raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
-    if not (math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"lr must be a finite number >= 0, got {lr}")
+    lr = check_learning_rate(lr)
+    check_batch(x, y)
     n = x.shape[0]
     total = epochs * math.ceil(n / batch_size)
     history = History()
@@ -70,6 +88,8 @@ def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_
     bar = tqdm(total=total, desc=progress if isinstance(progress, str) else "train",
                disable=not progress, leave=False)
     for step, idx in enumerate(batches(n, batch_size, epochs, seed)):
+        if before_step is not None:
+            before_step(step, total)
         rate = cosine_lr(lr, step, total) if schedule == "cosine" else lr
         out = method.step(x[idx], y[idx], rate)
         if not math.isfinite(out["loss"]):

@@ -1,0 +1,58 @@
+"""bpfree.harness: the shared epoch loop, schedule hook and input checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bpfree.harness import check_batch, check_learning_rate, cosine_lr, fit
+
+
+class _Recorder:
+    """A Method that records what it was asked to do."""
+
+    def __init__(self):
+        self.forwards = 0
+        self.calls = []
+
+    def step(self, x, y, lr):
+        self.forwards += x.shape[0]
+        self.calls.append((x.shape[0], lr))
+        return {"loss": float(len(self.calls))}
+
+
+def test_fit_calls_before_step_with_step_and_total_and_follows_the_cosine():
+    seen = []
+    m = _Recorder()
+    hist = fit(m, torch.zeros(10, 2), torch.zeros(10), epochs=2, batch_size=4, lr=0.5,
+               before_step=lambda step, total: seen.append((step, total)))
+    assert seen == [(i, 6) for i in range(6)]                 # ceil(10 / 4) = 3 per epoch
+    assert [n for n, _ in m.calls] == [4, 4, 2, 4, 4, 2]     # last partial batch kept
+    assert hist.lr == [0.5 * 0.5 * (1 + math.cos(math.pi * i / 6)) for i in range(6)]
+    assert hist.forwards[-1] == 20 and cosine_lr(0.5, 6, 6) == 0.0
+
+
+def test_fit_rejects_a_non_finite_loss():
+    class Bad(_Recorder):
+        def step(self, x, y, lr):
+            return {"loss": float("nan")}
+
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 0"):
+        fit(Bad(), torch.zeros(4, 2), torch.zeros(4), epochs=1, batch_size=2, lr=0.1)
+
+
+@pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf"), True, "0.1"])
+def test_bad_learning_rates(lr):
+    with pytest.raises(ValueError, match="learning rate must be a finite number >= 0"):
+        check_learning_rate(lr)
+
+
+def test_check_batch_and_fit_argument_errors():
+    assert check_learning_rate(0) == 0.0
+    with pytest.raises(ValueError, match="same non-zero number of samples, got 3 and 2"):
+        check_batch(torch.zeros(3, 1), torch.zeros(2))
+    with pytest.raises(ValueError, match="schedule must be"):
+        fit(_Recorder(), torch.zeros(2, 1), torch.zeros(2), epochs=1, batch_size=1, lr=0.1,
+            schedule="step")
