@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bpfree.bench.figures import pyplot, save_figure
+from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, run_keyed
 
 NAME = "pmt"
@@ -160,7 +160,7 @@ def _plot_curves(curves: dict, title: str, path: Path) -> str:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, path, ROOT)
+    return str(save_figure(fig, path, ROOT))
 
 
 def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
@@ -178,7 +178,7 @@ def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
     ax.set_ylabel("test accuracy (%)")
     ax.legend(fontsize=6, ncol=2)
     ax.grid(axis="y", alpha=0.3)
-    return save_figure(fig, path, ROOT)
+    return str(save_figure(fig, path, ROOT))
 
 
 def run(quick: bool):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bpfree.bench.figures import pyplot, save_figure
+from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, spawn_pool
 
 NAME = "qzo-ff"
@@ -108,7 +108,7 @@ def _plot_curves(curves: dict, title: str, path: Path, xlabel="step") -> str:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, path, ROOT)
+    return str(save_figure(fig, path, ROOT))
 
 
 def _memory_rows(batch_size: int, m: int):

@@ -18,7 +18,7 @@ import time
 import types
 from pathlib import Path
 
-from bpfree.bench.figures import pyplot, save_figure
+from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, run_keyed
 
 NAME = "tt-zo"
@@ -161,7 +161,7 @@ def _plot_fig1(results: dict, path: Path) -> str:
     ax.set_title("TT-MLP r=6 on MNIST (Fig. 1)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, path, ROOT)
+    return str(save_figure(fig, path, ROOT))
 
 
 def run(quick: bool):

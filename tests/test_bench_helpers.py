@@ -1,4 +1,4 @@
-"""The process-pool and figure helpers the benchmarks share (bpfree.bench.parallel / figures)."""
+"""The process pool (bpfree.bench.parallel) and figure saving (bpfree.plotting) the benchmarks share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bpfree.bench.figures import pyplot, save_figure
+from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, run_keyed, spawn_pool
 
 
@@ -37,6 +37,6 @@ def test_save_figure_writes_a_png_and_returns_the_relative_path(tmp_path):
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     rel = save_figure(fig, tmp_path / "sub" / "f.png", root=tmp_path)
-    assert rel == "sub/f.png"
+    assert str(rel) == "sub/f.png"
     assert (tmp_path / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not plt.get_fignums()          # closed, so long benchmarks do not leak figures

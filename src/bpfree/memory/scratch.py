@@ -163,10 +163,9 @@ def plot_scratch_vs_weights(rows: Sequence[dict], path: str | Path,
         missing = {"method", "precision", "mode", "scratch_bytes", "weight_bytes"} - set(row)
         if missing:
             raise ValueError(f"row {row!r} lacks {', '.join(sorted(missing))}")
-    import matplotlib
+    from ..plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     models = list(dict.fromkeys(row.get("model") for row in rows))
     fig, axes = plt.subplots(len(models), 1, figsize=(max(6.0, 0.75 * len(rows) / len(models)
@@ -190,9 +189,4 @@ def plot_scratch_vs_weights(rows: Sequence[dict], path: str | Path,
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -100,10 +100,9 @@ def gradient_cosines(qmodel, x: torch.Tensor, y: torch.Tensor, *,
 
 def plot_cosines(result: dict, path: str | Path) -> Path:
     """Fig. 5 analogue: per-layer cosine of each scheme, one panel per Q; writes a PNG."""
-    import matplotlib
+    from ..plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     qs = sorted({q for per_q in result["cosine"].values() for q in per_q})
     fig, axes = plt.subplots(1, len(qs), figsize=(4.2 * len(qs), 3.4), sharey=True,
@@ -119,9 +118,4 @@ def plot_cosines(result: dict, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("cosine(ZO, BP)")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -1,4 +1,5 @@
-"""Figure helpers shared by the benchmarks: a headless pyplot and one way to save PNGs."""
+"""Figures: a headless pyplot and one way to save PNGs, for the library's plots and the
+benchmarks'."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ __all__ = ["pyplot", "save_figure"]
 
 
 def pyplot():
-    """``matplotlib.pyplot`` on the non-interactive Agg backend (benchmarks run headless)."""
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (plots are written to files,
+    often on machines without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,10 +21,10 @@ def pyplot():
 
 
 def save_figure(fig: Any, path: str | Path, root: str | Path | None = None, *,
-                dpi: int = 120) -> str:
+                dpi: int = 120) -> Path:
     """Lay out, write ``fig`` as PNG to ``path`` (parents created) and close it.
 
-    Returns the path as text, relative to ``root`` when given (the form the result JSON's
+    Returns the path, relative to ``root`` when given (the form the result JSON's
     ``figures`` entries and ``docs/BENCHMARKS.md`` use).
     """
     import matplotlib.pyplot as plt
@@ -32,4 +34,4 @@ def save_figure(fig: Any, path: str | Path, root: str | Path | None = None, *,
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    return str(path.relative_to(root)) if root is not None else str(path)
+    return path.relative_to(root) if root is not None else path
