@@ -16,9 +16,9 @@ of one step. The paper's numbers are for CIFAR-10-C, so they are quoted in the n
 from __future__ import annotations
 
 import concurrent.futures as cf
-import multiprocessing
-import os
 import time
+
+from bpfree.bench.parallel import default_workers, spawn_pool
 
 NAME = "mcunet"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -60,11 +60,10 @@ def run(quick: bool):
     t_start = time.perf_counter()
     setup = _setup(quick)
     model_dir = default_model_dir()
-    workers = max(1, min(2, os.cpu_count() or 1))
+    workers = default_workers()
     tasks = {("transfer", d): ("transfer", dict(kind=d, setup=setup)) for d in DATASETS}
     results = {}
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with spawn_pool(workers) as pool:
         futures = {pool.submit(run_task, task): key for key, task in tasks.items()}
         for fut in cf.as_completed(futures):
             results[futures[fut]] = fut.result()

@@ -113,12 +113,11 @@ def _fmt(v):
 
 
 def _figures(results, problem, mode):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import torch
 
-    FIGURES.mkdir(parents=True, exist_ok=True)
+    from bpfree.plotting import pyplot, save_figure
+
+    plt = pyplot()
     s = torch.linspace(0, 1, 101)
     out = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -133,11 +132,8 @@ def _figures(results, problem, mode):
         ax.set_ylabel("|u_θ − u|")
         ax.set_title(f"HJB-20 solution error on the diagonal, t = {t}")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    p1 = FIGURES / f"pinn-{mode}-error.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
-    out.append({"path": str(p1.relative_to(ROOT)),
+    p1 = save_figure(fig, FIGURES / f"pinn-{mode}-error.png", ROOT, dpi=110)
+    out.append({"path": str(p1),
                 "caption": "Absolute error of the trained PINNs along x = s·1 (HJB-20)."})
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, res in results.items():
@@ -145,11 +141,8 @@ def _figures(results, problem, mode):
     ax.set_xlabel("step")
     ax.set_ylabel("validation MSE")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    p2 = FIGURES / f"pinn-{mode}-curves.png"
-    fig.savefig(p2, dpi=110)
-    plt.close(fig)
-    out.append({"path": str(p2.relative_to(ROOT)),
+    p2 = save_figure(fig, FIGURES / f"pinn-{mode}-curves.png", ROOT, dpi=110)
+    out.append({"path": str(p2),
                 "caption": "Validation MSE during training (HJB-20)."})
     return out
 
