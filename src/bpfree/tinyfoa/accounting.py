@@ -33,12 +33,11 @@ convention; :func:`paper_table1` reproduces Table 1/2's memory and computation c
 to within ±0.012 MB (the paper's own rounding/truncation is not consistent to the last
 digit), and so all their ratios.
 
-Registering with :mod:`bpfree.memory` later (``rules.py`` is owned elsewhere): a rule is
-``fn(profile, **options) -> MemoryReport``; :func:`memory_rule` returns one built from
-:func:`phase_bytes` for a given variant, e.g.
-``register_rule("tinyfoa", memory_rule("TinyFoA"))`` — it reads the Linear layers of
-the profile as the network (its ``layers`` with ``type == "Linear"``; every Linear
-weight counted, so it is *not* the paper's hidden-only convention of :func:`fc_shape`).
+Registered with :mod:`bpfree.memory` as method ``"tinyfoa"`` (the full TinyFoA variant,
+M = 2; ``bpfree memory --method tinyfoa``): :func:`memory_rule` builds a rule
+``fn(profile, **options) -> MemoryReport`` from :func:`phase_bytes` for any variant. It reads
+the Linear layers of the profile as the network (every Linear weight counted, so it is *not*
+the paper's hidden-only convention of :func:`fc_shape`).
 """
 
 from __future__ import annotations
