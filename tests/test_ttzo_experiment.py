@@ -93,3 +93,36 @@ def test_benchmark_task_plan():
         pickle.dumps(tasks)
     quick_tasks = mod._tasks(mod._settings(True), "cpu")
     assert quick_tasks[("tt6", "hybrid")]["method_kwargs"]["cge_coordinates"] == 64
+
+
+def test_full_mode_keeps_the_paper_learning_rate():
+    spec = importlib.util.spec_from_file_location("tt_zo_bench", ROOT / "benchmarks" / "tt_zo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    full = mod._tasks(mod._settings(False), "cpu")
+    assert {t["lr"] for t in full.values()} == {1e-3}          # §5.1
+    quick = mod._tasks(mod._settings(True), "cpu")
+    assert quick[("tt6", "fo")]["lr"] == mod.QUICK_LR["fo"] > 1e-3
+
+
+def test_train_can_stop_on_divergence_and_keep_the_log():
+    from bpfree.ttzo import train
+
+    class Diverging:
+        def __init__(self):
+            self.model = torch.nn.Linear(2, 2)
+            self.forwards = 0
+
+        def step(self, x, y, lr):
+            self.forwards += x.shape[0]
+            return {"loss": 1.0 if self.forwards <= 8 else float("nan")}
+
+    x, y = torch.zeros(8, 2), torch.zeros(8, dtype=torch.long)
+    with pytest.raises(FloatingPointError, match="non-finite loss at epoch 1, step 0"):
+        train(Diverging(), x, y, epochs=3, batch_size=4)
+    log = train(Diverging(), x, y, epochs=3, batch_size=4, x_val=x, y_val=y,
+                on_nonfinite="stop")
+    assert log.diverged == "non-finite loss at epoch 1, step 0"
+    assert len(log.val_acc) == 2 and log.step_loss == [1.0, 1.0]   # epoch 1 logged, then stop
+    with pytest.raises(ValueError, match="on_nonfinite must be"):
+        train(Diverging(), x, y, epochs=1, on_nonfinite="ignore")

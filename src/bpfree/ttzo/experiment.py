@@ -142,7 +142,7 @@ def run_task(task: dict) -> dict:
                 batch_size=int(task.get("batch_size", 64)), lr=float(task.get("lr", 1e-3)),
                 gamma=float(task.get("gamma", 0.9)), decay_every=int(task.get("decay_every", 10)),
                 x_val=xv.to(device), y_val=yv.to(device), seed=seed,
-                max_steps_per_epoch=task.get("max_steps_per_epoch"))
+                max_steps_per_epoch=task.get("max_steps_per_epoch"), on_nonfinite="stop")
     seconds = time.perf_counter() - t0
     out = {"log": log.as_dict(), "params": int(params), "seconds": seconds,
            "steps": int(getattr(method, "steps", 0)),

@@ -34,6 +34,7 @@ class TrainLog:
     phase: list[str | None] = field(default_factory=list)
     step_loss: list[float] = field(default_factory=list)
     switch_epoch: int | None = None
+    diverged: str | None = None
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -43,14 +44,19 @@ class TrainLog:
 def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int = 64,
           lr: float = 1e-3, gamma: float = 0.9, decay_every: int = 10,
           x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
-          seed: int = 0, max_steps_per_epoch: int | None = None) -> TrainLog:
+          seed: int = 0, max_steps_per_epoch: int | None = None,
+          on_nonfinite: str = "raise") -> TrainLog:
     """Train for ``epochs`` with ``lr·gamma^(epoch // decay_every)`` (TT-ZO §5.1).
 
-    ``max_steps_per_epoch`` truncates every epoch (quick runs). Raises FloatingPointError on
-    a non-finite step loss (central CGE reports NaN by design and is allowed).
+    ``max_steps_per_epoch`` truncates every epoch (quick runs). A non-finite step loss
+    (central CGE reports NaN by design and is allowed) raises FloatingPointError, or with
+    ``on_nonfinite="stop"`` ends training and returns the log so far with ``diverged`` set
+    (a benchmark then reports the run as diverged instead of losing every other run).
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
+    if on_nonfinite not in ("raise", "stop"):
+        raise ValueError(f"on_nonfinite must be 'raise' or 'stop', got {on_nonfinite!r}")
     schedule = exponential(gamma, decay_every)
     log = TrainLog()
     n = x.shape[0]
@@ -71,7 +77,11 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
             loss = float(out["loss"])
             if not math.isfinite(loss) and not (getattr(method, "name", "") == "cge"
                                                 or out.get("phase") == "cge"):
-                raise FloatingPointError(f"non-finite loss at epoch {epoch}, step {k}")
+                message = f"non-finite loss at epoch {epoch}, step {k}"
+                if on_nonfinite == "raise":
+                    raise FloatingPointError(message)
+                log.diverged = message
+                break
             log.step_loss.append(loss)
             if math.isfinite(loss):
                 losses.append(loss)
@@ -89,6 +99,8 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
         log.phase.append(phase)
         if x_val is not None and y_val is not None:
             log.val_acc.append(accuracy(method.model, x_val, y_val))
+        if log.diverged is not None:
+            break
     log.seconds = time.perf_counter() - t0
     return log
 
