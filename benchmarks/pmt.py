@@ -344,7 +344,7 @@ def run(quick: bool):
                               for c in cfg["corruptions"]},
         "cosine": cos,
         # Margins, not booleans: a claim that holds by a fraction of a point is a tie.
-        "pmt_minus_int8_bp_on_noise_points": noise_pmt - noise_bp,
+        "best_pmt_minus_int8_bp_on_noise_points": noise_pmt - noise_bp,
         "adaptive_minus_mezo_at_equal_forwards_points": (
             acc["pmt-dense"]["gaussian_noise"] - acc["mezo"]["gaussian_noise"]),
         "total_seconds": time.perf_counter() - t_start,

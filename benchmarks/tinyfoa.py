@@ -13,12 +13,12 @@ sweep), so the error columns show the shape of the comparison, not the paper's v
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
-import os
 import statistics
 import time
 from pathlib import Path
+
+from bpfree.bench.parallel import default_workers, spawn_pool
+from bpfree.plotting import pyplot, save_figure
 
 NAME = "tinyfoa"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -44,17 +44,14 @@ PAPER_LC = {"TinyFoA-V-BA-BW": (1.35, 2.21, 2.21, 3.61), "TinyFoA-V-BA": (1.37, 
 
 def _settings(quick: bool) -> dict:
     if quick:
-        return dict(train=4000, test=2000, width=256, epochs=2, batch=64, seeds=(0, 1, 2),
+        return dict(train=8000, test=2000, width=256, epochs=3, batch=64, seeds=(0, 1, 2),
                     datasets=("mnist", "fashion-mnist"), ablation_epochs=4, visits=4)
     return dict(train=60000, test=10000, width=512, epochs=10, batch=64, seeds=(0, 1, 2),
                 datasets=("mnist", "fashion-mnist"), ablation_epochs=10, visits=4)
 
 
 def _plot_lines(series: dict, xlabel: str, title: str, path: Path, xs_log: bool = False) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for label, (xs, means, stds) in series.items():
@@ -66,18 +63,11 @@ def _plot_lines(series: dict, xlabel: str, title: str, path: Path, xs_log: bool 
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path.relative_to(ROOT))
+    return str(save_figure(fig, path, ROOT))
 
 
 def _plot_scatter(points: dict, path: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for label, (mem, err) in points.items():
@@ -88,11 +78,7 @@ def _plot_scatter(points: dict, path: Path) -> str:
     ax.set_ylabel("MNIST test error (%)")
     ax.set_title("Fig. 3 analogue: error vs training memory (BW + BA)", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path.relative_to(ROOT))
+    return str(save_figure(fig, path, ROOT))
 
 
 def _mean_std(vals: list[float]) -> tuple[float, float]:
@@ -129,10 +115,9 @@ def run(quick: bool):
                 jobs.append(dict(common, dataset="mnist", method="TinyFoA", arch=arch, m=2,
                                  seed=s, epochs=e, exchanges=e if f == "E" else 2,
                                  group=f"f{f}"))
-    workers = max(1, min(2, os.cpu_count() or 1))
+    workers = default_workers()
     results: dict = {}
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with spawn_pool(workers) as pool:
         for job, err in pool.map(run_job, jobs):
             key = (job["group"], job["dataset"], job["method"], job["arch"], job["m"])
             results.setdefault(key, []).append(err)
