@@ -31,7 +31,12 @@ SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures"
 NOISE = ("gaussian_noise", "shot_noise", "impulse_noise")
-QUICK_CORRUPTIONS = NOISE + ("defocus_blur", "contrast", "brightness")
+# The quick run's six: the three noises, one blur, "fog or contrast" and elastic. Motion blur
+# and elastic rather than defocus blur and brightness: at severity 5 on MNIST those two (and
+# fog / contrast) keep the digits' information but move the inputs so far from clean MNIST
+# that no method, FP32 BP included, adapts the pretrained model in 2 epochs (see the note in
+# ``run``); the full run keeps all nine.
+QUICK_CORRUPTIONS = NOISE + ("motion_blur", "contrast", "elastic_transform")
 FULL_CORRUPTIONS = NOISE + ("defocus_blur", "motion_blur", "fog", "contrast", "brightness",
                             "elastic_transform")
 TABLE_ACC = "Table 7 analogue: test accuracy (%) after adaptation, severity 5"
@@ -183,7 +188,7 @@ def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
 
 def run(quick: bool):
     from bpfree.data import corrupt, load_mnist
-    from bpfree.pmt import PMTConfig, accuracy
+    from bpfree.pmt import PMTConfig, accuracy, find_layers
     from bpfree.pmt.diagnostic import plot_cosines
     from bpfree.pmt.experiment import run_task
     from bpfree.quant import quantize_model
@@ -215,7 +220,8 @@ def run(quick: bool):
     tasks = {("adapt", c): ("adapt", dict(float_model=float_model, qmodel=qmodel,
                                           train=data[c][0], test=data[c][1], setup=setup))
              for c in cfg["corruptions"]}
-    layers = 15
+    # Model-wise WP gets the layer-wise budget: L*Q queries for the L integer layers.
+    layers = len(find_layers(qmodel, x_pre[:2]))
     q, e, bs = setup.queries, setup.epochs, setup.batch_size
     gauss = data["gaussian_noise"]
     ablations = {
@@ -365,6 +371,20 @@ def run(quick: bool):
             "Table 5, Gaussian noise only) -- a different model and dataset",
             "analytic memory and MACs from bpfree.memory rules on the BN-folded float graph at "
             "1 byte per int8 value (4 for FP32 BP)",
+            "severity-5 defocus blur (radius-10 disk), fog, contrast (x0.05 about the image "
+            "mean) and brightness (+0.5 on every pixel; all as MNIST-C defines them) keep most "
+            "of the digits' information -- a fresh 2-conv CNN trained from scratch (Adam, 30 "
+            "epochs) on the 1000 corrupted images reaches 71 / 64 / 69 / 84% (clean: 84%), and "
+            "only re-estimating BN statistics on them gives 11 / 27 / 48 / 96% -- but the "
+            "BN-folded pretrained model must undo them through its weights, and vanilla SGD, "
+            "stable only at lr <= 3e-3 (1e-2 collapses to one class, which scores below 10%), "
+            "needs far more steps than the budget: FP32 BP reaches 23 / 12 / 30 / 18% after 2 "
+            "epochs and 44 / 22 / 63 / 51% after 30 (single-thread pilot, seed 0). In those "
+            "columns the methods do not separate; the quick run uses motion blur and elastic "
+            "instead (FP32 BP and PMT gain 6-25 points in 2 epochs), the full run keeps all nine",
+            "shot noise at severity 5 (3 photons, MNIST-C's own setting) leaves the black "
+            "background black (Poisson(0) = 0) and only speckles the strokes: the model keeps "
+            "about 90% without adaptation, so that column has little room to separate methods",
         ],
     }
     return rows, extra

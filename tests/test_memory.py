@@ -163,7 +163,8 @@ def test_profile_model_hand_counts():
     assert [layer.type for layer in p.layers] == ["Linear", "ReLU", "Linear"]
     assert p.layers[0].input_shapes == ((N, 64),)
     assert p.layers[2].output_shapes == ((N, 10),)
-    assert [layer.d_w for layer in p.layers] == [64 * 32 + 32, 0, 32 * 10 + 10]
+    # PMT's d_w is the weight alone (§3.2.2, Algorithm 1 line 7), as PMTTrainer counts it.
+    assert [layer.d_w for layer in p.layers] == [64 * 32, 0, 32 * 10]
     assert [layer.d_a for layer in p.layers] == [32, 32, 10]
     assert (p.layers[0].weight_numel, p.layers[0].bias_numel) == (64 * 32, 32)
     assert p.batch_size == N
@@ -333,7 +334,8 @@ def test_memory_report_table_lists_every_part(mlp_profile):
 # (PMT Table 3 / Algorithm 1, MeZO, CGE, BP on the int8 graph) and MACs per iteration.
 #
 # The hand-counted conv model: Conv2d(1,4,3,pad 1) -> ReLU -> Flatten -> Linear(144,2) on
-# 1x6x6. Per sample: conv d_w 36+4=40 < d_a 144 -> WP; linear d_w 288+2=290 >= d_a 2 -> NP.
+# 1x6x6. Per sample: conv d_w 36 < d_a 144 -> WP; linear d_w 288 >= d_a 2 -> NP (d_w is the
+# weight alone; an NP gradient buffer also holds the bias: 290).
 # Live (input + output) per layer: 36+144, 144+144, 144 (Flatten aliases), 144+2.
 # MACs per sample: conv 6*6*4*1*3*3 = 1296, linear 144*2 = 288, total 1584.
 
@@ -374,6 +376,87 @@ def test_pmt_hand_counts(conv_profile):
         "saved_activations": max(wp_peak, np_peak) - C_INFER,
     }
     assert r.total == 348 + 576 + 1160 + 36 + 72 == 2192
+
+
+def test_pmt_d_w_excludes_the_bias_as_the_trainer_does():
+    """A layer with weights < d_a <= weights + bias: PMT's d_w (the weight, §3.2.2 /
+    Algorithm 1 line 7; PMTTrainer's TrainableLayer.d_w = weight.numel()) picks WP, as the
+    trainer does, and its WP gradient buffer holds the weights only, as the trainer's does."""
+    from bpfree.pmt.graph import find_layers
+    from bpfree.quant import quantize_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(4, 3))
+    p = profile_model(model, torch.zeros(1, 1, 1, 2))  # conv: d_w 2, bias 2, d_a 4
+    assert (p.layers[0].d_w, p.layers[0].bias_numel, p.layers[0].d_a) == (2, 2, 4)
+    assert pmt_modes(p) == {"0": "WP", "3": "NP"}
+    q = quantize_model(model, torch.rand(8, 1, 1, 2), input_range=(0.0, 1.0))
+    trainer_modes = {layer.name: layer.preferred_mode
+                     for layer in find_layers(q, torch.rand(2, 1, 1, 2))}
+    assert sorted(trainer_modes.values()) == ["np", "wp"]
+    assert list(trainer_modes.values()) == [m.lower() for m in pmt_modes(p).values()]
+    assert macs_per_iteration(p, "pmt", 1, 1) == (
+        2 * p.macs + p.macs + p.layers[0].macs + p.layers[3].macs)  # WP conv: Q passes from 0
+    r = analytic(p, "pmt", batch_size=1, num_queries=1, trainable=["0"])
+    assert r.parts["gradient_buffers"] == 2 * 4  # WP: the 2 weights, no bias
+    r = analytic(p, "pmt", batch_size=1, num_queries=1, trainable=["3"])
+    assert r.parts["gradient_buffers"] == (12 + 3) * 4  # NP: weight + bias (Eq. 10)
+
+
+def test_layer_memory_hand_counts(conv_profile):
+    """Per-layer bytes of the hand-counted conv model (N=2, int8): live set, BP's saved
+    input, PMT's peak and gradient buffer, and that they add up to the rules' totals."""
+    from bpfree.memory import layer_memory
+
+    rows = layer_memory(conv_profile, batch_size=CN, dtype_bytes=1)
+    assert [(r.name, r.type, r.d_w, r.d_a, r.mode) for r in rows] == [
+        ("0", "Conv2d", 36, 144, "WP"), ("1", "ReLU", 0, 144, None),
+        ("2", "Flatten", 0, 144, None), ("3", "Linear", 288, 2, "NP")]
+    # Live: conv 36 in + 144 out, ReLU 144 + 144, Flatten aliases (144), linear 144 + 2.
+    assert [r.live_bytes for r in rows] == [180 * CN, 288 * CN, 144 * CN, 146 * CN]
+    # BP keeps the inputs of the conv, the ReLU and the linear (not the Flatten view).
+    assert [r.bp_saved_bytes for r in rows] == [36 * CN, 144 * CN, 0, 144 * CN]
+    # PMT: WP conv keeps a^(0) while the rest runs again; NP linear keeps a^(3) + its output.
+    assert [r.pmt_peak_bytes for r in rows] == [36 * CN + 288 * CN, 0, 0, 144 * CN + 2 * CN]
+    # WP fills the weights only, NP weight + bias (Eq. 10).
+    assert [r.pmt_grad_bytes for r in rows] == [36 * 4, 0, 0, (288 + 2) * 4]
+    assert [r.macs for r in rows] == [CN * CONV_MACS, 0, 0, CN * LIN_MACS]
+    # The totals are the rules' parts.
+    pmt = analytic(conv_profile, "pmt", batch_size=CN, num_queries=CQ)
+    bp = analytic(conv_profile, "bp-int8", batch_size=CN)
+    assert sum(r.bp_saved_bytes for r in rows) == bp.parts["activations"] == 648
+    assert max(r.live_bytes for r in rows) == pmt.parts["activations"] == C_INFER
+    assert max(r.pmt_peak_bytes for r in rows) - C_INFER == pmt.parts["saved_activations"]
+    assert max(r.pmt_grad_bytes for r in rows) == pmt.parts["gradient_buffers"] == 1160
+    # fp32 (4 B/value) scales activations, not the fp32 gradient buffer; a frozen layer
+    # has no PMT columns.
+    rows4 = layer_memory(conv_profile, batch_size=CN, dtype_bytes=4, trainable=["3"])
+    assert [r.bp_saved_bytes for r in rows4] == [4 * r.bp_saved_bytes for r in rows]
+    assert [(r.mode, r.pmt_grad_bytes) for r in rows4] == [
+        (None, 0), (None, 0), (None, 0), ("NP", 290 * 4)]
+    assert sum(r.bp_saved_bytes for r in rows4) == analytic(
+        conv_profile, "bp", batch_size=CN).parts["activations"]
+
+
+def test_memory_cli_layers_prints_per_layer_bytes(capsys):
+    from bpfree import cli
+
+    assert cli.main(["memory", "--model", "mnist-mobilenet", "--method", "pmt", "--method",
+                     "bp-int8", "--layers", "--batch-size", "100", "--queries", "5"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("layer "))
+    for col in ("live_B", "bp_saved_B", "pmt_peak_B", "pmt_grad_B"):
+        assert col in header
+    total = next(line for line in out.splitlines() if line.startswith("total "))
+    from bpfree.memory import layer_memory
+    from bpfree.models import get_model
+
+    rows = layer_memory(get_model("mnist-mobilenet").build(), input_shape=(1, 28, 28),
+                        batch_size=100)
+    bp = analytic(get_model("mnist-mobilenet").build(), "bp-int8", input_shape=(1, 28, 28),
+                  batch_size=100)
+    assert f"{sum(r.bp_saved_bytes for r in rows):,}" in total
+    assert sum(r.bp_saved_bytes for r in rows) == bp.parts["activations"]
 
 
 def test_mezo_cge_hand_counts(conv_profile):
@@ -442,7 +525,7 @@ def test_fold_batchnorm_moves_shift_into_conv_bias():
     f = p.fold_batchnorm()
     assert [layer.type for layer in f.layers] == ["Conv2d", "ReLU6"]
     assert f.parameter_numel == {"0.weight": 72, "0.bias": 4}
-    assert f.layers[0].d_w == 76 and f.layers[0].bias_numel == 4
+    assert f.layers[0].d_w == 72 and f.layers[0].bias_numel == 4
     assert f.folded_batchnorm == ("1",)
     assert f.parameter_bytes == 76 * 4
     assert f.fold_batchnorm() is f  # idempotent

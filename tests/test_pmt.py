@@ -178,10 +178,12 @@ def test_update_clips_to_int8_and_rejects_non_finite():
     apply_update(layer, est, lr=1.0, gns=False, qas=False)
     assert int(layer.weight.min()) == 127 and layer.weight.dtype == torch.int8
     before = layer.weight.clone()
-    est.weight[0, 0, 0, 0] = float("nan")
-    with pytest.raises(FloatingPointError):
-        apply_update(layer, est, lr=1.0)
-    assert torch.equal(layer.weight, before)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        est.weight.zero_()
+        est.weight[0, 0, 0, 0] = bad
+        with pytest.raises(FloatingPointError):
+            apply_update(layer, est, lr=1.0)
+        assert torch.equal(layer.weight, before)
 
 
 def test_trainer_is_bit_reproducible_and_counts_forwards():
@@ -264,3 +266,87 @@ def test_stage_by_stage_schedule_equals_update_at_the_end():
     assert ta.forwards == tb.forwards
     # Only the current stage's input is held after a lean step.
     assert sum(t is not None for t in ta.staged.inputs) <= 2
+
+
+def _manual_step(model, x, y, *, queries, seed, lr, micro, groups, gns=True, qas=True):
+    """One trainer step rebuilt from the public pieces: per micro-batch a clean pass and
+    estimate_group per group (seed derive_seed(seed, step 0, micro-batch j)), share-weighted
+    accumulation (§3.4.1 gradient accumulation), then the Eq. 8 update of each layer."""
+    layers = find_layers(model, x)
+    index = {layer.name: i for i, layer in enumerate(layers)}
+    by_name = {layer.name: layer for layer in layers}
+    staged = StagedModel(model)
+    xq = model.input_quant.quantize(x)
+    n = xq.shape[0]
+    total = {}
+    for j, lo in enumerate(range(0, n, micro)):
+        xb, yb = xq[lo:lo + micro], y[lo:lo + micro]
+        loss = per_sample_loss(staged.clean(xb), yb, model.output_quant)
+        for group in groups:
+            pairs = [(by_name[name], mode) for name, mode in group]
+            est = estimate_group(staged, pairs, [index[name] for name, _ in group], yb, loss,
+                                 queries, derive_seed(seed, 0, j))
+            if len(group) > 1:  # model-wise: GNS sees the total perturbed dimension
+                dimension = sum(e.dimension for e in est.values())
+                for e in est.values():
+                    e.dimension = dimension
+            for name, e in est.items():
+                share = xb.shape[0] / n
+                if name in total:
+                    total[name].add_(e, share)
+                else:
+                    e.weight.mul_(share)
+                    if e.bias is not None:
+                        e.bias.mul_(share)
+                    total[name] = e
+    for name, e in total.items():
+        apply_update(by_name[name].module, e, lr, gns=gns, qas=qas)
+
+
+@pytest.mark.parametrize("config, groups", [
+    # gradient accumulation over 3 micro-batches of 6, 6 and 4 samples
+    (dict(micro_batch=6), [[("body.0", "wp")], [("body.1.1", "np")]]),
+    # model-wise estimation: every layer perturbed together, d = the total dimension
+    (dict(layerwise=False), [[("body.0", "wp"), ("body.1.1", "np")]]),
+    # one perturbation kind everywhere, and the scalings switched off
+    (dict(perturbation="np", gns=False), [[("body.0", "np")], [("body.1.1", "np")]]),
+    (dict(perturbation="wp", qas=False), [[("body.0", "wp")], [("body.1.1", "wp")]]),
+])
+def test_trainer_switches_match_a_manual_step(config, groups):
+    x, y = _data(16)
+    a, b = TinyQuantized(), TinyQuantized()
+    cfg = PMTConfig(queries=3, seed=9, **config)
+    trainer = PMTTrainer(a, cfg, example=x)
+    assert sorted(trainer.modes.items()) == sorted(p for g in groups for p in g)
+    lr = 0.5 if cfg.qas else 2e4  # without QAS an int8 LSB needs a huge rate to move
+    trainer.step(x, y, lr=lr)
+    _manual_step(b, x, y, queries=3, seed=9, lr=lr, micro=cfg.micro_batch or 16,
+                 groups=groups, gns=cfg.gns, qas=cfg.qas)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(),
+                                                  b.state_dict().values()))
+    assert not torch.equal(a.body[0].weight, TinyQuantized().body[0].weight)  # it did move
+
+
+@pytest.mark.parametrize("config", [PMTConfig(queries=2, seed=5),
+                                    PMTConfig(queries=2, seed=5, micro_batch=4),
+                                    PMTConfig(queries=2, seed=5, synchronized=False)])
+def test_lr_scale_multiplies_one_layers_rate(config):
+    """lr_scale={layer: k} steps that layer at k*lr and the others at lr: the scaled layer
+    ends where a run at k*lr leaves it, the unscaled one where a run at lr leaves it (both
+    synchronized, so neither layer's estimate sees the other's update)."""
+    x, y = _data(8)
+    first, second = "body.0", "body.1.1"
+    scaled = TinyQuantized()
+    PMTTrainer(scaled, config, example=x, lr_scale={second: 4.0}).step(x, y, lr=0.5)
+    at_lr, at_4lr = TinyQuantized(), TinyQuantized()
+    PMTTrainer(at_lr, config, example=x).step(x, y, lr=0.5)
+    PMTTrainer(at_4lr, config, example=x, trainable=[second]).step(x, y, lr=2.0)
+    assert torch.equal(scaled.body[0].weight, at_lr.body[0].weight)
+    if config.synchronized:
+        assert torch.equal(scaled.body[1][1].weight, at_4lr.body[1][1].weight)
+    assert not torch.equal(scaled.body[1][1].weight, at_lr.body[1][1].weight)
+    with pytest.raises(ValueError, match="not trainable"):
+        PMTTrainer(TinyQuantized(), config, example=x, trainable=[first],
+                   lr_scale={second: 2.0})
+    with pytest.raises(ValueError, match="finite number"):
+        PMTTrainer(TinyQuantized(), config, example=x, lr_scale={second: float("nan")})

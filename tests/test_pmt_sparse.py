@@ -73,6 +73,10 @@ def test_select_block_trains_copies_and_picks_the_largest_gain(models):
     assert sel.gains == [a - sel.base_accuracy for a in sel.accuracies]
     assert sel.gains[sel.chosen - 1] == max(sel.gains)
     assert sel.forwards > 0
+    for bad in ([], [blocks[0], []]):
+        with pytest.raises(ValueError, match="blocks must be a non-empty list"):
+            select_block(qmodel, x, y, blocks=bad, lr=0.1, batch_size=16,
+                         make_method=lambda m, names: None)
 
 
 def test_zo_estimates_align_with_bp_as_queries_grow(models):

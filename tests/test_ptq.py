@@ -245,6 +245,27 @@ def test_non_finite_weights_raise():
         quantize_model(model, _NoIteration())
 
 
+@pytest.mark.parametrize("calibration", [
+    torch.zeros(4, 1, 28, 28, dtype=torch.uint8),  # a single integer tensor, not only in a list
+    [torch.zeros(4, 1, 28, 28, dtype=torch.uint8)],
+    [(torch.zeros(4, 1, 28, 28, dtype=torch.int64), torch.zeros(4))],
+    ["images"],
+])
+def test_non_float_calibration_is_a_clear_error(calibration):
+    model = mnist_mobilenet().eval()
+    with pytest.raises(ValueError, match="calibration must be a float tensor"):
+        quantize_model(model, calibration)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"accumulate": "int32"}, r"accumulate must be one of \('auto', 'float64'\)"),
+    ({"backend": "cuda"}, r"backend must be one of \('auto', 'torch', 'numba'\)"),
+])
+def test_bad_layer_options_fail_before_calibration(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        quantize_model(mnist_mobilenet().eval(), _NoIteration(), **kwargs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Float twin
 # ---------------------------------------------------------------------------------------------

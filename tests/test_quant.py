@@ -392,6 +392,64 @@ def test_results_do_not_depend_on_batch_size():
         assert torch.equal(model(x[i:i + 1]), full[i:i + 1])
 
 
+def test_random_shapes_match_reference_at_every_batch_size():
+    """Seeded random layer shapes (dense, grouped, depthwise convs; linears up to the chunked
+    route), scales, zero points and activations: bit-exact with the int64 reference, and each
+    sample's output is the same computed alone or inside the batch. Saturation at both int8
+    rails must occur somewhere in the sweep."""
+    g = torch.Generator().manual_seed(21)
+    rng = random.Random(21)
+    saw_low = saw_high = False
+    for trial in range(30):
+        kind = ["dense", "grouped", "depthwise", "linear"][trial % 4]
+        act = rng.choice([None, "relu", "relu6"])
+        iq = TensorQuant(2.0 ** rng.uniform(-8, -2), rng.randint(-128, 127))
+        oq = TensorQuant(2.0 ** rng.uniform(-6, 0), rng.randint(-128, 127))
+        batch = rng.randint(1, 5)
+        if kind == "linear":
+            k, n = rng.choice([rng.randint(1, 64), rng.randint(515, 1200)]), rng.randint(1, 9)
+            w = torch.randint(-128, 128, (n, k), generator=g)
+            b = torch.randint(-2**20, 2**20, (n,), generator=g)
+            ws = [2.0 ** rng.uniform(-10, -4) for _ in range(n)]
+            layer = QLinear(w, b, weight_scale=ws, input_quant=iq, output_quant=oq,
+                            activation=act)
+            x = _rand_int8(g, batch, k)
+            ms, ss = ref.effective_multipliers(iq.scale, ws, oq.scale)
+            lo, hi = ref.activation_range(act, oq.scale, oq.zero_point)
+            want = ref.linear(x, w, b, iq.zero_point, ms, ss, oq.zero_point, lo, hi)
+        else:
+            cin = rng.choice([1, 2, 4, 6, 8, 70])
+            if kind == "depthwise":
+                groups, cout = cin, cin * rng.choice([1, 2])
+            elif kind == "grouped" and cin % 2 == 0:
+                groups, cout = 2, 2 * rng.randint(1, 4)
+            else:
+                groups, cout = 1, rng.randint(1, 9)
+            kh, kw = rng.randint(1, 4), rng.randint(1, 4)
+            stride = (rng.randint(1, 3), rng.randint(1, 3))
+            padding = (rng.randint(0, kh // 2), rng.randint(0, kw // 2))
+            dilation = (rng.randint(1, 2), rng.randint(1, 2))
+            h, wd = rng.randint(kh * dilation[0], 10), rng.randint(kw * dilation[1], 10)
+            w = torch.randint(-128, 128, (cout, cin // groups, kh, kw), generator=g)
+            b = torch.randint(-2**20, 2**20, (cout,), generator=g)
+            ws = [2.0 ** rng.uniform(-10, -4) for _ in range(cout)]
+            layer = QConv2d(w, b, weight_scale=ws, input_quant=iq, output_quant=oq,
+                            stride=stride, padding=padding, dilation=dilation, groups=groups,
+                            activation=act)
+            x = _rand_int8(g, batch, cin, h, wd)
+            ms, ss = ref.effective_multipliers(iq.scale, ws, oq.scale)
+            lo, hi = ref.activation_range(act, oq.scale, oq.zero_point)
+            want = ref.conv2d(x, w, b, iq.zero_point, ms, ss, oq.zero_point, lo, hi, stride,
+                              padding, dilation, groups)
+        got = layer(x)
+        assert torch.equal(got, want), (trial, kind)
+        singles = torch.cat([layer(x[i:i + 1]) for i in range(batch)])
+        assert torch.equal(singles, want), (trial, kind)
+        saw_low |= bool((got == -128).any())
+        saw_high |= bool((got == 127).any())
+    assert saw_low and saw_high
+
+
 def test_in_place_weight_updates_are_seen():
     # A zeroth-order trainer perturbs the int8 buffers in place (PMT §3.1): nothing may be cached.
     g = torch.Generator().manual_seed(14)

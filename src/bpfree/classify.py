@@ -8,6 +8,11 @@ name the ImageNet classes. ``--sample NAME`` uses one of scikit-image's bundled 
 
 ``--json PATH`` writes ``{"image", "model", "requant", "top5": [class indices],
 "top5_names", "logits": [the 1000 int8 outputs]}``.
+
+``--compare-requant`` also runs the other requantization rule (TFLite fixed point vs the
+model's own float scale with round half to even) on the same image and reports how many
+output values differ, stage by stage (:func:`bpfree.models.mcunet.compare_requant`); with
+``--json`` the report is stored under ``"requant_comparison"``.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requantization rule: TFLite fixed point, or the model's own float "
                              "scale with round half to even")
     parser.add_argument("--json", metavar="PATH", help="also write top5 and the 1000 logits as JSON")
+    parser.add_argument("--compare-requant", action="store_true",
+                        help="also run the other requantization rule on the same image and "
+                             "report how many output values differ, per stage and in the logits")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -96,12 +104,38 @@ def main(args: argparse.Namespace) -> int:
           f"requantization; top-5 ImageNet classes:")
     for rank, (i, name) in enumerate(zip(result["topk"], result["names"]), 1):
         print(f"  {rank}. {i:>3}  {name:<28} logit {result['logits'][i]:>4}")
+    comparison = None
+    if args.compare_requant:
+        comparison = _print_requant_comparison(image, model, args)
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = {"image": source, "model": model.source, "requant": args.requant,
                "top5": result["topk"], "top5_names": result["names"],
                "logits": result["logits"]}
+        if comparison is not None:
+            doc["requant_comparison"] = comparison
         path.write_text(json.dumps(doc) + "\n")
         print(f"wrote {path}")
     return 0
+
+
+def _print_requant_comparison(image, model, args) -> dict:
+    """Run the other rule on the same input and print where the two disagree."""
+    from .models.mcunet import compare_requant, mcunet_in1, preprocess_image
+
+    other_rule = "float" if args.requant == "tflite" else "tflite"
+    other = mcunet_in1(args.model_dir, requant=other_rule)
+    report = compare_requant(model, other, preprocess_image(image))
+    report["rules"] = [args.requant, other_rule]
+    print(f"requantization {args.requant} vs {other_rule} on this image:")
+    print("  stage  values  differ alone  differ propagated  max |diff|")
+    for row in report["stages"]:
+        print(f"  {row['stage']:>5}  {row['values']:>6}  {row['isolated']:>12}  "
+              f"{row['differ']:>17}  {row['max_abs']:>10}")
+    print(f"  all stages: {report['isolated_differ']:,} of {report['values']:,} values differ "
+          f"when each stage sees the same input, {report['values_differ']:,} end to end; "
+          f"logits: {report['logits_differ']} of {report['logits_values']} differ; "
+          f"top-1 {'equal' if report['top1_equal'] else 'differs'}, "
+          f"top-5 {'equal' if report['top5_equal'] else 'differs'}")
+    return report

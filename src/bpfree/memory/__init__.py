@@ -6,7 +6,9 @@ Two views of the same question:
   :func:`profile_model` of the network; :func:`register_rule` lets each method add its own
   (built in: inference, bp, zo_*, the int8 MCU methods pmt, pmt-sparse, mezo, cge,
   bp-int8, sparse-bp, and QZO-FF's ff and bp-ff-compare); :func:`macs_per_iteration`
-  gives a method's compute per step and :func:`pmt_modes` PMT's WP/NP choice per layer;
+  gives a method's compute per step, :func:`pmt_modes` PMT's WP/NP choice per layer and
+  :func:`layer_memory` the per-layer bytes (BP's saved activations, PMT's peak and
+  gradient buffer) behind the totals;
 - measured — :func:`measure_peak` runs one step and reports the peak tensor storage it
   allocated; :func:`peak_extra_bytes` compares a training step with plain inference;
 - QZO-FF Figures 3 / 4 — :func:`scratch_vs_weights` splits BP and forward-gradient
@@ -26,7 +28,9 @@ from .rules import (
     SEED_BYTES,
     SIGN_BYTES,
     SPARSE_MASKS,
+    LayerMemory,
     analytic,
+    layer_memory,
     macs_per_iteration,
     method_defaults,
     pmt_modes,
@@ -56,6 +60,7 @@ __all__ = [
     "LOSS_BYTES",
     "NONLINEAR_LAYER_TYPES",
     "SEED_BYTES",
+    "LayerMemory",
     "LayerProfile",
     "MeasuredMemory",
     "MemoryReport",
@@ -65,6 +70,7 @@ __all__ = [
     "attention_heads",
     "default_head",
     "format_bytes",
+    "layer_memory",
     "macs_per_iteration",
     "measure_peak",
     "method_defaults",

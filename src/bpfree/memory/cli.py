@@ -1,7 +1,9 @@
 """``bpfree memory``: training-memory and compute accounting of a model and method.
 
 For each method: its memory as named parts (bytes) and its multiply-accumulates per
-iteration; ``--layers`` adds the per-layer profile (d_w, d_a, PMT's WP/NP choice, MACs).
+iteration; ``--layers`` adds the per-layer profile (d_w, d_a, PMT's WP/NP choice, MACs) and
+per-layer bytes: the inference working set, BP's saved activation, PMT's activation peak and
+gradient buffer (:func:`bpfree.memory.layer_memory`), with their totals.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mnist-mlp", choices=list_models(), help="reference model")
     parser.add_argument("--method", action="append", choices=registered_rules(),
                         help="method rule (repeat for several; default: all)")
-    parser.add_argument("--batch-size", type=_positive_int, default=64, help="mini-batch size N")
-    parser.add_argument("--queries", type=_positive_int, default=16,
-                        help="queries Q per step (per layer for the layer-wise methods)")
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
+                        help="mini-batch size N (default: 64; 1 for mcunet-in1, PMT Tables 8-9)")
+    parser.add_argument("--queries", type=_positive_int, default=None,
+                        help="queries Q per step (per layer for the layer-wise methods) "
+                             "(default: 16; 50 for mcunet-in1, PMT Tables 8-9)")
     parser.add_argument("--coordinates", type=_positive_int, default=None,
                         help="coordinates per step for cge (default: --queries)")
     parser.add_argument("--dtype-bytes", type=_positive_int, default=None,
@@ -48,35 +52,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fold-bn", choices=("auto", "yes", "no"), default="auto",
                         help="fold BatchNorm into the preceding conv (auto: the int8 methods do)")
     parser.add_argument("--layers", action="store_true",
-                        help="also print the per-layer profile (d_w, d_a, WP/NP, MACs)")
+                        help="also print the per-layer profile (d_w, d_a, WP/NP, MACs) and per-layer "
+                             "bytes (inference working set, BP saved activations, PMT peak "
+                             "and gradient buffer)")
     parser.add_argument("--json", metavar="PATH", help="also write the reports as JSON")
 
 
-def _layer_table(profile, trainable) -> str:
-    from .rules import pmt_modes
+def _layer_table(profile, trainable, batch_size: int, dtype_bytes: int) -> str:
+    """Per-layer d_w, d_a, PMT mode, MACs and bytes (:func:`bpfree.memory.layer_memory`)."""
+    from .rules import layer_memory
 
-    modes = pmt_modes(profile, trainable, fold_bn=False)
-    width = max([len("layer"), *(len(layer.name) for layer in profile.layers)])
-    type_w = max([len("type"), *(len(layer.type) for layer in profile.layers)])
-    lines = [f"{'layer':<{width}}  {'type':<{type_w}}  {'d_w':>8}  {'d_a':>8}  {'pmt':>4}  "
-             f"{'macs':>10}"]
-    for layer in profile.layers:
-        mode = modes.get(layer.name, "-")
-        lines.append(f"{layer.name or '(root)':<{width}}  {layer.type:<{type_w}}  "
-                     f"{layer.d_w:>8}  {layer.d_a:>8}  {mode:>4}  {layer.macs:>10,}")
-    lines.append(f"{'total':<{width}}  {'':<{type_w}}  {sum(l.d_w for l in profile.layers):>8}  "
-                 f"{'':>8}  {'':>4}  {profile.macs:>10,}")
+    rows = layer_memory(profile, batch_size=batch_size, dtype_bytes=dtype_bytes,
+                        trainable=trainable, fold_bn=False)
+    width = max([len("layer"), *(len(r.name or "(root)") for r in rows)])
+    type_w = max([len("type"), *(len(r.type) for r in rows)])
+    cols = ("d_w", "d_a", "pmt", "macs", "live_B", "bp_saved_B", "pmt_peak_B", "pmt_grad_B")
+    widths = (8, 8, 4, 12, 10, 11, 10, 10)
+
+    def line(name, kind, values):
+        cells = [f"{v:>{w},}" if isinstance(v, int) else f"{v:>{w}}"
+                 for v, w in zip(values, widths)]
+        return f"{name:<{width}}  {kind:<{type_w}}  " + "  ".join(cells)
+
+    lines = [line("layer", "type", cols)]
+    for r in rows:
+        lines.append(line(r.name or "(root)", r.type, (
+            r.d_w, r.d_a, r.mode or "-", r.macs, r.live_bytes, r.bp_saved_bytes,
+            r.pmt_peak_bytes if r.mode else "-", r.pmt_grad_bytes if r.mode else "-")))
+    trained = [r for r in rows if r.mode]
+    lines.append(line("total", "", (
+        sum(r.d_w for r in rows), "", "", sum(r.macs for r in rows),
+        max((r.live_bytes for r in rows), default=0), sum(r.bp_saved_bytes for r in rows),
+        max((r.pmt_peak_bytes for r in trained), default=0),
+        max((r.pmt_grad_bytes for r in trained), default=0))))
+    lines.append("total: d_w, macs and bp_saved_B summed (BP keeps every saved input at "
+                 "once); live_B (the inference peak), pmt_peak_B and pmt_grad_B the max over "
+                 "layers (PMT estimates one layer at a time and reuses its buffers)")
     return "\n".join(lines)
+
+
+#: (N, Q) when --batch-size / --queries are not given: the paper's own setting for the model
+#: whose tables it prints (PMT Tables 8-9: MCUNet-in1 at N=1, Q=50), else a generic one.
+DEFAULT_BATCH_QUERIES = {"mcunet-in1": (1, 50)}
 
 
 def main(args: argparse.Namespace) -> int:
     from .profile import profile_model
     from .report import format_bytes
-    from .rules import (_resolve_trainable, analytic, macs_per_iteration, method_defaults,
-                        registered_rules)
+    from .rules import (GRAD_BYTES, _resolve_trainable, analytic, macs_per_iteration,
+                        method_defaults, registered_rules)
     import torch
 
     spec = get_model(args.model)
+    default_n, default_q = DEFAULT_BATCH_QUERIES.get(args.model, (64, 16))
+    if getattr(args, "batch_size", None) is None:
+        args.batch_size = default_n
+    if getattr(args, "queries", None) is None:
+        args.queries = default_q
     model = spec.build()
     # Per-sample profile: the rules scale activations linearly to N.
     base = profile_model(model, torch.zeros(1, *spec.input_shape))
@@ -104,9 +136,11 @@ def main(args: argparse.Namespace) -> int:
             profile = base.fold_batchnorm() if fold else base
             selected = _resolve_trainable(profile, trainable)
             note = " (BatchNorm folded into conv)" if fold else ""
-            print(f"{spec.name}: layers{note}, per sample; pmt = WP if d_w < d_a else NP, "
-                  f"for trainable layers")
-            print(_layer_table(profile, list(selected)))
+            dtype_bytes = args.dtype_bytes or (1 if fold else 4)
+            print(f"{spec.name}: layers{note}; d_w, d_a per sample; pmt = WP if d_w < d_a "
+                  f"else NP, for trainable layers; macs and bytes for N={args.batch_size} at "
+                  f"{dtype_bytes} B/value (gradients {GRAD_BYTES} B)")
+            print(_layer_table(profile, list(selected), args.batch_size, dtype_bytes))
             print()
 
     for method, fold, dtype_bytes, report, macs in results:

@@ -72,12 +72,13 @@ class LayerProfile:
 
     @property
     def d_w(self) -> int:
-        """PMT §3.2.2 weight dimension: all of this layer's parameters (weight + bias).
+        """PMT §3.2.2 weight dimension: this layer's weight elements, bias excluded.
 
-        The bias is included because a ZO estimator perturbs, and a gradient buffer holds,
-        both; PMT's d_w names the weight alone, the difference is d_a elements.
+        PMT's d_w ("the dimension of weight", Algorithm 1 line 7 ``d_W < d_a``) names the
+        weight alone, as :class:`bpfree.pmt.PMTTrainer` does (its WP perturbs only the
+        weights); an NP gradient buffer also holds the bias (:attr:`bias_numel`).
         """
-        return self.weight_numel + self.bias_numel
+        return self.weight_numel
 
     @property
     def d_a(self) -> int:

@@ -49,10 +49,12 @@ __all__ = [
     "SEED_BYTES",
     "SIGN_BYTES",
     "SPARSE_MASKS",
+    "LayerMemory",
     "analytic",
     "bp_ff_compare_rule",
     "ff_rule",
     "macs_per_iteration",
+    "layer_memory",
     "method_defaults",
     "pmt_modes",
     "register_rule",
@@ -351,11 +353,35 @@ def _live(profile: ModelProfile, batch_size: int) -> list[int]:
     return [_scaled(layer.live_numel, profile.batch_size, batch_size) for layer in profile.layers]
 
 
+def _pmt_d_w(layer: LayerProfile, trainable: frozenset[str]) -> int:
+    """PMT's d_w of a trainable layer: its trainable weight elements, bias excluded.
+
+    PMT §3.2.2 ("the dimension of weight is d_w") and Algorithm 1 line 7 (``d_W < d_a``) name
+    the weight alone, and :class:`bpfree.pmt.PMTTrainer`'s WP perturbs only the integer
+    weights (:attr:`bpfree.pmt.graph.TrainableLayer.d_w` is ``weight.numel()``). A layer
+    whose only trainable parameter is its bias counts the bias.
+    """
+    return _layer_trainable_weight_numel(layer, trainable) or \
+        _layer_trainable_numel(layer, trainable)
+
+
 def _pmt_mode(layer: LayerProfile, trainable: frozenset[str]) -> str:
     # PMT §3.2.2 "Adaptive Weight Perturbation and Node Perturbation" / Algorithm 1 line 7:
-    # WP for layer i if d_w(i) < d_a(i), else NP. d_w counts the layer's trainable
-    # parameters (weight + bias: both are perturbed); d_a its output values per sample.
-    return "WP" if _layer_trainable_numel(layer, trainable) < layer.d_a else "NP"
+    # WP for layer i if d_w(i) < d_a(i), else NP; d_w the trainable weights (_pmt_d_w), d_a
+    # the layer's output values per sample.
+    return "WP" if _pmt_d_w(layer, trainable) < layer.d_a else "NP"
+
+
+def _pmt_grad_numel(layer: LayerProfile, trainable: frozenset[str], mode: str) -> int:
+    """Elements of layer i's gradient buffer ∇θ^(i) (Algorithm 1 lines 15 / 29).
+
+    NP fills weight and bias (∇W = ∇z·a^T, ∇b = ∇z, Eq. 10); WP estimates the weights only
+    (:func:`_pmt_d_w`; a ±1 step of an int32 bias is below the output's resolution), as
+    :class:`bpfree.pmt.PMTTrainer` does.
+    """
+    if mode == "WP":
+        return _pmt_d_w(layer, trainable)
+    return _layer_trainable_numel(layer, trainable)
 
 
 def _pmt_layer_peak(profile: ModelProfile, live: list[int], i: int, mode: str,
@@ -392,7 +418,7 @@ def _pmt_common(name: str, profile: ModelProfile, *, batch_size: int, num_querie
         mode = _pmt_mode(layer, trainable)
         any_np |= mode == "NP"
         peak = max(peak, _pmt_layer_peak(profile, live, i, mode, n))
-        grad = max(grad, _layer_trainable_numel(layer, trainable))
+        grad = max(grad, _pmt_grad_numel(layer, trainable, mode))
         query_losses = max(query_losses, q if mode == "WP" else n * q)
     clean_losses = (n if any_np else 1) if indices else 0
     return MemoryReport(name, _parts(
@@ -423,8 +449,9 @@ def pmt_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_
       (Efficient) reuses the activation buffer, so this is often 0 or small;
     - gradient_buffers: ∇θ^(i) of the layer being updated (Algorithm 1 lines 15 / 29,
       later swapped with the old θ^(i) for the line-34 recompute, §3.2.2), fp32/int32,
-      max d_w over trainable layers — Table 3 NP (Efficient) "+ d_w"; WP needs it too
-      because θ^(i) is updated after all Q queries (line 33);
+      max over trainable layers of the layer's trainable weight + bias elements — Table 3
+      NP (Efficient) "+ d_w"; WP needs it too because θ^(i) is updated after all Q queries
+      (line 33; for a WP layer the weights only, :func:`_pmt_grad_numel`);
     - seeds_losses: one uint32 seed per layer (Algorithm 1 lines 8 / 18: ξ is regenerated
       from S by resetting the RNG), the clean losses (N per-sample losses if any layer uses
       NP, else the batch loss) and the query losses of one layer (Q batch losses for WP —
@@ -798,13 +825,79 @@ def pmt_modes(model: nn.Module | ModelProfile, trainable: Any = None, *,
               example_input: Any = None) -> dict[str, str]:
     """PMT's perturbation mode per trainable layer, ``{layer name: "WP" | "NP"}``, in
     execution order: WP if d_w(i) < d_a(i) else NP (§3.2.2, Algorithm 1 line 7), with
-    d_w the layer's trainable parameters (weight + folded bias) and d_a its output values
-    per sample. BatchNorm is folded first unless ``fold_bn=False``."""
+    d_w the layer's trainable weights (bias excluded, as PMT and :class:`bpfree.pmt.PMTTrainer`
+    define it) and d_a its output values per sample. BatchNorm is folded first unless
+    ``fold_bn=False``."""
     _, profile, trainable_set = _prepare(model, "pmt", input_shape, example_input, fold_bn,
                                          trainable)
     return {profile.layers[i].name: _pmt_mode(profile.layers[i], trainable_set)
             for i in _trainable_layer_indices(profile, trainable_set)}
 
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """Per-layer memory of one layer for N samples (:func:`layer_memory`); bytes unless noted.
+
+    - ``d_w``: the layer's weight elements (PMT's d_w, bias excluded); ``d_a``: output
+      elements per sample; ``mode``: PMT's "WP" / "NP" for a trainable layer, else None;
+    - ``live_bytes``: the inference working set while the layer runs (input + output +
+      held skip); its max over layers is the inference peak (``activations`` of ``pmt``);
+    - ``bp_saved_bytes``: the activation back-propagation keeps for this layer's backward
+      (its input, for a parametrized or nonlinear layer); their sum is the ``activations``
+      part of ``bp`` / ``bp-int8`` (BP keeps them all at once; exact for a one-sample
+      profile, each layer rounded up otherwise);
+    - ``pmt_peak_bytes``: PMT's activation peak while this layer's gradient is estimated
+      (Algorithm 1; 0 for a frozen layer); the max over layers minus the inference peak is
+      ``pmt``'s ``saved_activations``;
+    - ``pmt_grad_bytes``: PMT's gradient buffer ∇θ^(i) for this layer (trainable weight +
+      bias at :data:`GRAD_BYTES`); the max over layers is ``pmt``'s ``gradient_buffers``
+      (one buffer, reused layer by layer; for NP layers it is the NP gradient buffer);
+    - ``macs``: multiply-accumulates of one forward of the layer for N samples.
+    """
+
+    name: str
+    type: str
+    d_w: int
+    d_a: int
+    mode: str | None
+    live_bytes: int
+    bp_saved_bytes: int
+    pmt_peak_bytes: int
+    pmt_grad_bytes: int
+    macs: int
+
+
+def layer_memory(model: nn.Module | ModelProfile, *, batch_size: int | None = None,
+                 dtype_bytes: int = 1, trainable: Any = None, fold_bn: bool = True,
+                 input_shape: Any = None, example_input: Any = None) -> list[LayerMemory]:
+    """Per-layer memory (:class:`LayerMemory`) of every layer, in execution order, for
+    ``batch_size`` samples at ``dtype_bytes`` per activation value — the per-layer terms the
+    ``bp`` / ``bp-int8`` and ``pmt`` / ``pmt-sparse`` rules sum or take the max of.
+
+    ``model``, ``input_shape``, ``example_input`` and ``trainable`` as in :func:`analytic`;
+    BatchNorm is folded first unless ``fold_bn=False`` (the int8 graph PMT trains).
+    """
+    _, profile, trainable_set = _prepare(model, "pmt", input_shape, example_input, fold_bn,
+                                         trainable)
+    n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+    dtype_bytes = _positive_int("dtype_bytes", dtype_bytes)
+    live = _live(profile, n)
+    out = []
+    for i, layer in enumerate(profile.layers):
+        trains = bool(_layer_trainable_numel(layer, trainable_set))
+        mode = _pmt_mode(layer, trainable_set) if trains else None
+        saved = _inputs_bytes([layer], profile, n, dtype_bytes) if _saves_input(layer) else 0
+        out.append(LayerMemory(
+            name=layer.name, type=layer.type, d_w=layer.weight_numel, d_a=layer.d_a, mode=mode,
+            live_bytes=live[i] * dtype_bytes, bp_saved_bytes=saved,
+            pmt_peak_bytes=(_pmt_layer_peak(profile, live, i, mode, n) * dtype_bytes
+                            if trains else 0),
+            pmt_grad_bytes=(_pmt_grad_numel(layer, trainable_set, mode) * GRAD_BYTES
+                            if trains else 0),
+            macs=n * layer.macs,
+        ))
+    return out
 
 # ---------------------------------------------------------------------------------------
 # QZO-FF (Feng et al., NeurIPS 2024) App. B, Figures 3 / 4: scratch vs weight memory of

@@ -146,16 +146,23 @@ def load_graph(path=None) -> Graph:
     layers = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(layers, list) or not layers:
         raise ModelFormatError(f"{folder / 'graph.json'} must hold a non-empty 'layers' list")
+    if not zipfile.is_zipfile(folder / "weights.npz"):
+        raise ModelFormatError(f"{folder / 'weights.npz'} is not an npz (zip) archive: the file "
+                               "is truncated or not a numpy.savez output")
     try:
         with np.load(folder / "weights.npz", allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile) as err:
         raise ModelFormatError(f"{folder / 'weights.npz'} cannot be read as an npz archive: "
                                f"{err}") from None
+    seen: set[str] = set()
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict) or not isinstance(layer.get("name"), str):
             raise ModelFormatError(f"graph.json layer #{i} must be an object with a 'name'")
         name, op = layer["name"], layer.get("op")
+        if name in seen:
+            raise ModelFormatError(f"layer {name!r} (#{i}): the name is used twice in graph.json")
+        seen.add(name)
         if op not in OPS:
             raise ModelFormatError(f"layer {name!r}: unknown op {op!r} (supported: "
                                    f"{', '.join(OPS)})")
@@ -164,8 +171,52 @@ def load_graph(path=None) -> Graph:
         if missing:
             raise ModelFormatError(f"layer {name!r} ({op}): missing {', '.join(missing)}")
         if op == "conv2d":
+            _check_conv_fields(layer)
             _check_conv_arrays(layer, arrays)
     return Graph(folder, layers, arrays, str(doc.get("model", "")))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_conv_fields(layer: dict) -> None:
+    """Types and ranges of a conv2d entry, and ``out_hw`` against the conv arithmetic
+    ``(in_hw + 2 padding - k) // stride + 1`` where both sizes are given."""
+    name = layer["name"]
+    for key, low in (("in_channels", 1), ("out_channels", 1), ("groups", 1), ("stride", 1),
+                     ("padding", 0)):
+        v = layer[key]
+        if not _is_int(v) or v < low:
+            raise ModelFormatError(f"layer {name!r}: {key} must be an int >= {low}, got {v!r}")
+    k = layer["kernel_size"]
+    if not (isinstance(k, list) and len(k) == 2 and all(_is_int(v) and v >= 1 for v in k)):
+        raise ModelFormatError(f"layer {name!r}: kernel_size must be [kh, kw], two ints >= 1, "
+                               f"got {k!r}")
+    for key in ("in_hw", "out_hw"):
+        v = layer.get(key)
+        if v is not None and (not _is_int(v) or v < 1):
+            raise ModelFormatError(f"layer {name!r}: {key} must be an int >= 1 or null (after "
+                                   f"the global pooling), got {v!r}")
+    for key in ("x_scale", "y_scale"):
+        v = layer[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ModelFormatError(f"layer {name!r}: {key} must be a number, got {v!r}")
+    for key in ("x_zero", "y_zero"):
+        if not _is_int(layer[key]):
+            raise ModelFormatError(f"layer {name!r}: {key} must be an int in [-128, 127], got "
+                                   f"{layer[key]!r}")
+    hin, hout = layer.get("in_hw"), layer.get("out_hw")
+    if hin is not None and hout is not None:
+        want = (hin + 2 * layer["padding"] - k[0]) // layer["stride"] + 1
+        if hout != want:
+            raise ModelFormatError(
+                f"layer {name!r}: out_hw={hout}, but a {k[0]}x{k[1]} conv with stride "
+                f"{layer['stride']} and padding {layer['padding']} maps {hin}x{hin} to "
+                f"{want}x{want}")
+    if (hin is None) != (hout is None):
+        raise ModelFormatError(f"layer {name!r}: in_hw and out_hw must both be ints or both "
+                               f"null, got {hin!r} and {hout!r}")
 
 
 def _check_conv_arrays(layer: dict, arrays: dict) -> None:
@@ -285,8 +336,12 @@ class FloatRuleGlobalAvgPool2d(QGlobalAvgPool2d):
 
 
 def _quant(layer: dict, prefix: str) -> TensorQuant:
+    zero = layer[f"{prefix}_zero"]
+    if not _is_int(zero):
+        raise ModelFormatError(f"layer {layer['name']!r}: {prefix}_zero must be an int in "
+                               f"[-128, 127], got {zero!r}")
     try:
-        return TensorQuant(float(layer[f"{prefix}_scale"]), int(layer[f"{prefix}_zero"]))
+        return TensorQuant(float(layer[f"{prefix}_scale"]), zero)
     except (TypeError, ValueError) as err:
         raise ModelFormatError(f"layer {layer['name']!r}: bad {prefix}_scale / {prefix}_zero: "
                                f"{err}") from None
@@ -336,6 +391,10 @@ def _check_input(layer: dict, q: TensorQuant, channels: int, hw, previous: str) 
     if hw is not None and layer.get("in_hw") is not None and layer["in_hw"] != hw:
         raise ModelFormatError(f"layer {name!r}: in_hw={layer['in_hw']} but {previous!r} "
                                f"produces {hw}x{hw}")
+    if hw is not None and "in_hw" in layer and layer["in_hw"] is None:
+        raise ModelFormatError(f"layer {name!r}: in_hw is null (a layer after the global "
+                               f"pooling) but {previous!r} produces {hw}x{hw}: no mean_hw "
+                               "layer precedes it")
 
 
 def _block_of(name: str) -> str | None:
@@ -407,8 +466,8 @@ def load_quantized(path=None, *, requant: str = "tflite", backend: str = "auto",
         while i < len(layers) and _block_of(layers[i]["name"]) == block:
             sub = layers[i]
             if add_layer is not None:
-                raise ModelFormatError(f"layer {sub['name']!r}: nothing may follow the residual add "
-                                       f"of {block!r}")
+                raise ModelFormatError(f"layer {sub['name']!r}: nothing may follow the residual "
+                                       f"add of {block!r}")
             if sub["op"] == "conv2d":
                 _check_input(sub, q, channels, hw, previous)
                 conv = _build_conv(sub, graph.arrays, q, requant, backend, linear=False)

@@ -96,6 +96,9 @@ def select_block(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     Ties go to the earlier block. Forward passes of the trials and of the held-out
     evaluations are counted.
     """
+    if not blocks or not all(isinstance(b, (list, tuple)) and b for b in blocks):
+        raise ValueError("blocks must be a non-empty list of non-empty lists of layer names "
+                         f"(see split_blocks), got {blocks!r}")
     train_idx, held_idx = holdout_split(x.shape[0], holdout, seed)
     xt, yt, xh, yh = x[train_idx], y[train_idx], x[held_idx], y[held_idx]
     base = accuracy(model, xh, yh)

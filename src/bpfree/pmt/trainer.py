@@ -7,10 +7,14 @@ One :meth:`PMTTrainer.step` is one iteration of Algorithm 1 on a mini-batch:
    partial forwards starting at that layer: weight perturbation when ``d_w < d_a``, else node
    perturbation (adaptive WP/NP), with Rademacher ±1 integer directions and ``mu = 1`` (Eq. 6, 9);
 3. the integer update of Eq. 8 (GNS, QAS, round and clip). With ``synchronized=True`` every
-   layer's estimate uses the step-t activations (line 34, the *global* update); the updates
-   are applied after the last layer, which is the same arithmetic as updating in place and
-   recomputing ``a^(i+1)`` with the old weights. ``synchronized=False`` is the *local*
-   (block-coordinate) variant: each layer is updated at once and later layers see it.
+   layer's estimate uses the step-t activations (line 34, the *global* update). Layer-wise
+   without micro-batches, the stages are visited with one activation buffer: a stage's output
+   is recomputed with the step-t weights before that stage's updates are applied
+   (:meth:`PMTTrainer._estimate_and_update_by_stage`); with micro-batches or model-wise, the
+   clean pass caches every stage input and the updates are applied after the last layer. Both
+   are the same arithmetic as updating in place and recomputing ``a^(i+1)`` with the old
+   weights. ``synchronized=False`` is the *local* (block-coordinate) variant: each layer is
+   updated at once and later layers see it.
 
 Every switch can be turned off for the ablations of Fig. 7: ``layerwise`` (False = model-wise,
 all trainable layers perturbed together), ``perturbation`` ("adaptive", "wp", "np"), ``gns``,
@@ -92,6 +96,21 @@ def _select(layers: list[TrainableLayer], trainable) -> list[TrainableLayer]:
     return [layer for layer in layers if layer.name in chosen]
 
 
+def _check_lr_scale(lr_scale, trainable: list[TrainableLayer]) -> dict[str, float]:
+    if lr_scale is None:
+        return {}
+    names = {layer.name for layer in trainable}
+    unknown = sorted(set(lr_scale) - names)
+    if unknown:
+        raise ValueError(f"lr_scale names layer(s) {unknown} that are not trainable; trainable "
+                         f"layers: {sorted(names)}")
+    for name, factor in lr_scale.items():
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                math.isfinite(factor) and factor >= 0):
+            raise ValueError(f"lr_scale[{name!r}] must be a finite number >= 0, got {factor!r}")
+    return {name: float(factor) for name, factor in lr_scale.items()}
+
+
 class PMTTrainer:
     """Trains the integer weights and biases of a real-quantized model with PMT.
 
@@ -101,10 +120,15 @@ class PMTTrainer:
         example: one input batch (float images or int8), used to read layer shapes.
         trainable: names of the integer layers to train (default: all), e.g. one block for
             sparse training (§3.3; see :mod:`bpfree.pmt.sparse`).
+        lr_scale: optional ``{layer name: factor}``; that layer's step uses ``factor * lr``
+            (the other layers ``lr``), as parameter groups do in ``torch.optim``. Useful when a
+            freshly initialised head and pretrained backbone layers train together: with QAS
+            the rate is in float units, but a new head tolerates far larger steps.
     """
 
     def __init__(self, model: nn.Module, config: PMTConfig | None = None, *,
-                 example: torch.Tensor, trainable=None) -> None:
+                 example: torch.Tensor, trainable=None,
+                 lr_scale: dict[str, float] | None = None) -> None:
         self.model = model
         self.config = config or PMTConfig()
         self.staged = StagedModel(model)
@@ -112,6 +136,7 @@ class PMTTrainer:
         self.trainable = _select(self.layers, trainable)
         if not self.trainable:
             raise ValueError("no trainable layers selected")
+        self.lr_scale = _check_lr_scale(lr_scale, self.trainable)
         self.index = {layer.name: i for i, layer in enumerate(self.layers)}
         self.modes = {layer.name: (layer.preferred_mode if self.config.perturbation == "adaptive"
                                    else self.config.perturbation) for layer in self.trainable}
@@ -129,6 +154,9 @@ class PMTTrainer:
         if not bool(torch.isfinite(loss).all()):
             raise FloatingPointError("non-finite loss in the clean forward; model unchanged")
         return loss
+
+    def _rate(self, layer: TrainableLayer, lr: float) -> float:
+        return lr * self.lr_scale.get(layer.name, 1.0)
 
     def _group(self, layers: list[TrainableLayer]):
         return [(layer, self.modes[layer.name]) for layer in layers]
@@ -155,7 +183,8 @@ class PMTTrainer:
             if cfg.synchronized:
                 estimates.update(est)  # gradient accumulation keeps every layer's buffer
             else:
-                stats[layer.name] = apply_update(layer.module, est[layer.name], lr,
+                stats[layer.name] = apply_update(layer.module, est[layer.name],
+                                                 self._rate(layer, lr),
                                                  gns=cfg.gns, qas=cfg.qas)
                 self.staged.refresh_from(layer.stage)
                 loss = per_sample_loss(self.staged.inputs[-1], y, self.model.output_quant)
@@ -177,7 +206,8 @@ class PMTTrainer:
         def finish(k: int) -> None:
             staged.advance(k)
             for layer, est in pending:
-                stats[layer.name] = apply_update(layer.module, est, lr, gns=cfg.gns, qas=cfg.qas)
+                stats[layer.name] = apply_update(layer.module, est, self._rate(layer, lr),
+                                                 gns=cfg.gns, qas=cfg.qas)
             pending.clear()
 
         for layer in self.trainable:
@@ -189,7 +219,8 @@ class PMTTrainer:
             self.forwards += cfg.queries * n
             pending.append((layer, est[layer.name]))
         for layer, est in pending:
-            stats[layer.name] = apply_update(layer.module, est, lr, gns=cfg.gns, qas=cfg.qas)
+            stats[layer.name] = apply_update(layer.module, est, self._rate(layer, lr),
+                                             gns=cfg.gns, qas=cfg.qas)
         return stats
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
@@ -226,7 +257,8 @@ class PMTTrainer:
                     total[name] = e
         for layer in self.trainable:
             if layer.name in total:
-                stats[layer.name] = apply_update(layer.module, total[layer.name], lr,
+                stats[layer.name] = apply_update(layer.module, total[layer.name],
+                                                 self._rate(layer, lr),
                                                  gns=cfg.gns, qas=cfg.qas)
         self.steps += 1
         changed = [s["changed"] for s in stats.values()]

@@ -37,6 +37,17 @@ def quantization_aware_scales(layer: torch.nn.Module) -> tuple[torch.Tensor, tor
     return s_w.pow(-2), s_b.pow(-2)
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    """True when every entry is finite, without a mask the size of ``t``.
+
+    A NaN or an infinity makes the sum NaN or infinite; ``torch.isfinite(t).all()`` would
+    allocate a bool mask as large as the gradient buffer, the one layer-sized buffer PMT
+    allows itself (§3.2.2). Finite entries whose sum overflows are refused too: such a step
+    would saturate every weight anyway.
+    """
+    return math.isfinite(float(t.sum(dtype=torch.float64)))
+
+
 def _channel_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.view(-1, *[1] * (like.dim() - 1))
 
@@ -53,8 +64,8 @@ def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
     """
     if not math.isfinite(lr) or lr < 0:
         raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
-    if not bool(torch.isfinite(estimate.weight).all()) or (
-            estimate.bias is not None and not bool(torch.isfinite(estimate.bias).all())):
+    if not _all_finite(estimate.weight) or (
+            estimate.bias is not None and not _all_finite(estimate.bias)):
         raise FloatingPointError(f"non-finite gradient estimate; {type(layer).__name__} "
                                  "left unchanged")
     factor = gradient_norm_scale(estimate.directions, estimate.dimension) if gns else 1.0

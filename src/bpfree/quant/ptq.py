@@ -42,6 +42,8 @@ from .layers import (
     QGlobalAvgPool2d,
     QLinear,
     QReLU,
+    _ACCUMULATE,
+    _BACKENDS,
     _check_int8_input,
 )
 from .params import TensorQuant, WeightQuant
@@ -459,17 +461,23 @@ def tensor_quant_from_range(lo: float, hi: float) -> TensorQuant:
     return TensorQuant(scale, max(INT8_MIN, min(INT8_MAX, zp)))
 
 
+def _check_calibration_batch(batch) -> torch.Tensor:
+    if not isinstance(batch, torch.Tensor) or not batch.is_floating_point():
+        got = (f"a {batch.dtype} tensor" if isinstance(batch, torch.Tensor)
+               else type(batch).__name__)
+        raise ValueError("calibration must be a float tensor or an iterable of float input "
+                         f"tensors (or (input, target) pairs), got {got}")
+    return batch
+
+
 def _batches(calibration) -> Iterable[torch.Tensor]:
     if isinstance(calibration, torch.Tensor):
-        yield calibration
+        yield _check_calibration_batch(calibration)
         return
     for batch in calibration:
         if isinstance(batch, (tuple, list)):  # (inputs, targets) from a DataLoader
             batch = batch[0]
-        if not isinstance(batch, torch.Tensor) or not batch.is_floating_point():
-            raise ValueError("calibration must be a float tensor or an iterable of float input "
-                             f"tensors (or (input, target) pairs), got {type(batch).__name__}")
-        yield batch
+        yield _check_calibration_batch(batch)
 
 
 def _calibrate(model: nn.Sequential, stages: list[_Stage], calibration, percentile,
@@ -569,6 +577,11 @@ def quantize_model(model: nn.Module, calibration, *, input_range: tuple[float, f
                                    isinstance(percentile, (int, float)) or
                                    not 50 < percentile <= 100):
         raise ValueError(f"percentile must be None or a number in (50, 100], got {percentile!r}")
+    # Checked here, before calibration runs, rather than by the first layer built.
+    for name, value, choices in (("accumulate", accumulate, _ACCUMULATE),
+                                 ("backend", backend, _BACKENDS)):
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     stages = _analyse(model)
     input_quant, quants = _calibrate(model, stages, calibration, percentile, input_range)
 
