@@ -219,6 +219,16 @@ def test_bad_inputs_name_the_shapes():
         TTLinear((2, 3), (3, 2), 2)(torch.randn(4, 5))
     with pytest.raises(ValueError, match=r"\(784, 1000, 10\).*\(784, 1024, 10\)"):
         tt_mlp(6, sizes=(784, 1000, 10))
+    with pytest.raises(TypeError, match=r"ranks must be ints"):
+        TTLinear((2, 3), (3, 2), (1, 2.5, 1))
+    with pytest.raises(ValueError, match=r"out_factors must be positive ints"):
+        TTLinear((2, 3), (3.0, 2), 2)
+    # NumPy integers are integers
+    import numpy as np
+
+    layer = TTLinear(np.array([2, 3]), np.array([3, 2]), np.int64(2))
+    assert layer.ranks == (1, 2, 1) and layer.in_factors == (2, 3)
+    assert all(type(v) is int for v in layer.ranks + layer.in_factors + layer.out_factors)
     layer = TTLinear((2, 3), (3, 2), 2)
     with pytest.raises(ValueError, match=r"cores_q\[0\].*expected \(Q, 1, 3, 2, 2\)"):
         layer.forward_batched(torch.randn(4, 6), [torch.randn(3, 1, 3, 2, 3),

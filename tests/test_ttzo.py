@@ -208,6 +208,27 @@ def test_hybrid_min_and_max_coarse_epochs():
     assert h.phase == "cge"
 
 
+def test_hybrid_cge_lr_scale_multiplies_only_the_cge_step():
+    x, y = batch(n=4, d=6, c=3)
+    moves = {}
+    for scale in (1.0, 10.0):
+        model = mlp(sizes=(6, 4, 3)).double()
+        h = HybridZO(model, max_coarse_epochs=1, cge_lr_scale=scale)
+        p0 = [p.detach().clone() for p in model.parameters()]
+        h.step(x.double(), y, 1e-3)                       # signRGE: every entry moves by lr
+        sign_move = torch.cat([(p - q).abs().flatten() for p, q in zip(model.parameters(), p0)])
+        assert torch.allclose(sign_move, torch.full_like(sign_move, 1e-3), atol=1e-12)
+        assert h.end_epoch(1.0) and h.phase == "cge"
+        p1 = [p.detach().clone() for p in model.parameters()]
+        h.step(x.double(), y, 1e-3)                       # CGE: b_0 = g_0, θ -= lr*scale*g_0
+        moves[scale] = torch.cat([(p - q).flatten() for p, q in zip(model.parameters(), p1)])
+    assert moves[1.0].abs().max() > 0
+    assert torch.allclose(moves[10.0], 10.0 * moves[1.0], rtol=1e-9, atol=1e-15)
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="cge_lr_scale must be a finite number > 0"):
+            HybridZO(mlp(sizes=(6, 4, 3)), cge_lr_scale=bad)
+
+
 def test_hybrid_auto_epochs_under_pmt_fit(digits):
     xtr, ytr, _, _ = digits
     x, y = xtr[:128], ytr[:128]

@@ -103,6 +103,19 @@ def test_full_mode_keeps_the_paper_learning_rate():
     assert {t["lr"] for t in full.values()} == {1e-3}          # §5.1
     quick = mod._tasks(mod._settings(True), "cpu")
     assert quick[("tt6", "fo")]["lr"] == mod.QUICK_LR["fo"] > 1e-3
+    # full mode: the paper's mu (the trainers' defaults 0.1 / CGE 0.01) and one lr for the
+    # hybrid; quick mode: the pilot-chosen radius and CGE step scale
+    for t in full.values():
+        assert "mu" not in t.get("method_kwargs", {}) and "cge_lr_scale" not in \
+            t.get("method_kwargs", {})
+    for key in (("tt6", "rge"), ("tt6", "sign_rge"), ("sp", "sign_rge"), ("tt4", "hybrid")):
+        assert quick[key]["method_kwargs"]["mu"] == mod.QUICK_ZO_MU == 0.01
+    assert quick[("tt6", "hybrid")]["method_kwargs"]["cge_lr_scale"] == mod.QUICK_CGE_LR_SCALE
+    assert quick[("tt6", "fo")]["method_kwargs"] == {}
+    method = make_method("hybrid", make_model("tt", rank=2),
+                         **quick[("tt6", "hybrid")]["method_kwargs"])
+    assert method.coarse.estimator.mu == 0.01 and method.fine.estimator.mu == 0.01
+    assert method.cge_lr_scale == mod.QUICK_CGE_LR_SCALE
 
 
 def test_train_can_stop_on_divergence_and_keep_the_log():

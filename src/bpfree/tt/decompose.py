@@ -14,6 +14,7 @@ with TT-cores ``G_k`` of shape ``(r_{k-1}, m_k, n_k, r_k)`` and ``r_0 = r_L = 1`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +24,8 @@ __all__ = ["check_factors", "check_ranks", "tt_svd", "tt_to_dense", "tt_num_para
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """A Python or NumPy integer (not a bool)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def check_factors(in_factors: Sequence[int], out_factors: Sequence[int]) -> tuple[tuple[int, ...],
@@ -41,6 +43,7 @@ def check_factors(in_factors: Sequence[int], out_factors: Sequence[int]) -> tupl
     for name, fs in (("in_factors", fin), ("out_factors", fout)):
         if not all(_is_int(f) and f >= 1 for f in fs):
             raise ValueError(f"{name} must be positive ints, got {fs}")
+    fin, fout = tuple(int(f) for f in fin), tuple(int(f) for f in fout)
     if len(fin) != len(fout):
         raise ValueError(f"mismatched factorizations: in_factors {fin} has {len(fin)} factors "
                          f"but out_factors {fout} has {len(fout)}; both need L factors")
@@ -51,8 +54,9 @@ def check_ranks(ranks, num_cores: int) -> tuple[int, ...]:
     """Validated TT-ranks ``(r_0, ..., r_L)``; an int ``r`` means ``[1, r, ..., r, 1]``."""
     if _is_int(ranks):
         if ranks < 1:
-            raise ValueError(f"TT-rank must be >= 1, got {ranks}")
-        return (1,) + (ranks,) * (num_cores - 1) + (1,)
+            raise ValueError(f"TT-rank must be >= 1, got {ranks} (an int r >= 1 means ranks "
+                             f"[1, r, ..., r, 1]; or pass the L+1 = {num_cores + 1} ranks)")
+        return (1,) + (int(ranks),) * (num_cores - 1) + (1,)
     try:
         rs = tuple(ranks)
     except TypeError:
@@ -62,6 +66,7 @@ def check_ranks(ranks, num_cores: int) -> tuple[int, ...]:
                          f"L+1 = {num_cores + 1} ranks (r_0, ..., r_L)")
     if not all(_is_int(r) for r in rs):
         raise TypeError(f"ranks must be ints, got {rs}")
+    rs = tuple(int(r) for r in rs)
     if any(r < 1 for r in rs):
         raise ValueError(f"TT-ranks must be >= 1, got {rs}")
     if rs[0] != 1 or rs[-1] != 1:

@@ -252,6 +252,13 @@ class HybridZO:
     phase ``"cge"``: coordinate-wise estimate with radius ``cge_mu`` and heavy-ball momentum
     ``b_t = m·b_{t−1} + g_t``, ``θ ← θ − α·b_t`` (``d + 1`` evaluations per step).
 
+    Both phases use the step size ``α`` passed to :meth:`step` (§5.1: one α = 1e-3), times
+    ``cge_lr_scale`` in the CGE phase. The default 1.0 is the paper's single α; a larger scale
+    compensates that a sign step moves every coordinate by α while a CGE step moves it by
+    α·|ĝ_i| (|ĝ_i| ~ 1e-2 on the TT-MLP at initialisation), which matters in short runs and
+    with a random coordinate subset (``cge_coordinates``), where each coordinate is updated
+    only in a fraction of the steps.
+
     With ``steps_per_epoch`` set, :meth:`end_epoch` is called automatically after that many
     steps, so the hybrid also runs under :func:`bpfree.harness.fit` (which has no epoch hook).
 
@@ -267,6 +274,7 @@ class HybridZO:
         min_coarse_epochs: never switch before this many coarse epochs.
         max_coarse_epochs: switch after this many coarse epochs even without a stall.
         cge_central, cge_coordinates: CGE variant (central differences / random subset).
+        cge_lr_scale: multiplier of the step size in the CGE phase (default 1.0, §5.1).
         Others as in :class:`ZOTrainer`.
     """
 
@@ -275,7 +283,8 @@ class HybridZO:
                  patience: int = 3, threshold: float = 1e-2, stall_mode: str = "relative",
                  detector: StallDetector | None = None, min_coarse_epochs: int = 0,
                  max_coarse_epochs: int | None = None, cge_central: bool = False,
-                 cge_coordinates: int | None = None, steps_per_epoch: int | None = None,
+                 cge_coordinates: int | None = None, cge_lr_scale: float = 1.0,
+                 steps_per_epoch: int | None = None,
                  distribution="gaussian", params=None, mode: str = "lean", seed: int = 0,
                  chunk_size: int = 64, loss_fn: Callable = cross_entropy_per_sample) -> None:
         self.model = model
@@ -293,6 +302,10 @@ class HybridZO:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < lowest):
                 raise ValueError(f"{name} must be an int >= {lowest}, got {value!r}")
+        if isinstance(cge_lr_scale, bool) or not isinstance(cge_lr_scale, numbers.Real) \
+                or not math.isfinite(cge_lr_scale) or cge_lr_scale <= 0:
+            raise ValueError(f"cge_lr_scale must be a finite number > 0, got {cge_lr_scale!r}")
+        self.cge_lr_scale = float(cge_lr_scale)
         self.min_coarse_epochs = min_coarse_epochs
         self.max_coarse_epochs = max_coarse_epochs
         self.steps_per_epoch = steps_per_epoch
@@ -326,7 +339,7 @@ class HybridZO:
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
         trainer = self.active
         phase = self.phase
-        out = trainer.step(x, y, lr)
+        out = trainer.step(x, y, lr * self.cge_lr_scale if phase == "cge" else lr)
         h = self.history
         h["batch_forwards"][phase] += out["batch_forwards"]
         h["forwards"][phase] += out["batch_forwards"] * int(x.shape[0])
