@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from bpfree.memory import measure_peak
-from bpfree.tinyfoa import (BP, DRTP, FF, PAPER_TABLE1, PEPITA, BinaryLinear, LocallyConnected2d,
-                            SlicedLC, TinyFoA, fc_shape, fit_epochs, make_method,
-                            paper_table1, parse_variant, phase_mb)
+from bpfree.tinyfoa import (BP, DRTP, FF, PAPER_TABLE1, PEPITA, TABLE1, TABLE2, BinaryLinear,
+                            LocallyConnected2d, SlicedLC, TinyFoA, fc_shape, fit_epochs,
+                            make_method, paper_table1, parse_variant, phase_mb)
 from bpfree.tinyfoa.accounting import lc_shape, phase_bytes
 from bpfree.tinyfoa.binary import BinarizeWeight, SignSTE, binarize_weight, sign
 
@@ -200,6 +200,19 @@ def test_bad_inputs_raise_clear_errors():
         net.step(torch.rand(2, 8), torch.tensor([0, 7]), 0.1)
     with pytest.raises(ValueError, match="10-class"):
         BP([8, 8], 10).step(torch.rand(2, 8), torch.tensor([0, 10]), 0.1)
+    # M < 1 is refused even for variants without vertical training (M unused there)
+    with pytest.raises(ValueError, match="slice count M must be >= 1, got 0"):
+        TinyFoA([8, 8], 4, variant="TinyFoA-V", m=0)
+    with pytest.raises(ValueError, match="slice count M must be >= 1, got -2"):
+        BP([8, 8], 4, variant="BP", m=-2)
+    with pytest.raises(ValueError, match="slice count M must be >= 1"):
+        BP(None, 4, variant="BP", m=0, lc=[(4, 3, 1)], in_shape=(1, 6))
+    # batch shape mismatches name the sizes involved
+    for method in (TinyFoA([8, 8], 4, variant="TinyFoA"), DRTP([8, 8], 4), FF([8, 8], 4)):
+        with pytest.raises(ValueError, match=r"expected shape \(3,\), got \(2,\)"):
+            method.step(torch.rand(3, 8), torch.tensor([0, 1]), 0.1)
+        with pytest.raises(ValueError, match=r"8 values .*got shape \(2, 9\)"):
+            method.step(torch.rand(2, 9), torch.tensor([0, 1]), 0.1)
 
 
 def test_variant_names_round_trip():
@@ -317,8 +330,13 @@ def test_ff_update_matches_goodness_gradient_and_negatives_are_wrong_labels():
     net.step(x, y, 0.3)
     assert torch.allclose(net.layers[0].weight, w - 0.3 * dw, atol=1e-6)
     assert torch.allclose(net.layers[0].bias, b - 0.3 * db, atol=1e-6)
-    # inference scores every label
-    assert net(x).shape == (6, 4)
+    # inference scores every label: the summed goodness with label c written in
+    scores = net(x)
+    assert scores.shape == (6, 4)
+    w1, b1 = _clone(net.layers[0])
+    for c in range(4):
+        u = net.normalise(net.embed(x, torch.full((6,), c)))
+        assert torch.allclose(scores[:, c], torch.relu(u @ w1.T + b1).pow(2).sum(1), atol=1e-5)
 
 
 def test_baseline_binary_weights_update_the_latent_weight_through_ste():
@@ -429,3 +447,62 @@ def test_tinyfoa_is_a_registered_memory_method():
     # BW + BA + M = 2: binary weights cost 1/32 of float, a quarter of the layer's latent
     # weights is updated at once, so the total is far below BP's.
     assert report.total < analytic(model, "bp", input_shape=(1, 8)).total
+
+
+# -- benchmark plumbing: MIT-BIH jobs and the Fig. 4 epoch scaling ------------------------
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tinyfoa.py"
+    spec = importlib.util.spec_from_file_location("bench_tinyfoa_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_slices_ablation_scales_epochs_with_slices_in_full_mode_only():
+    mod = _bench_module()
+    quick, full = mod._settings(True), mod._settings(False)
+    assert {mod._slices_epochs(quick, a, m) for a in ("fc", "lc") for m in (2, 4, 8, 16)} == \
+        {quick["epochs"]}
+    e = full["slices_epochs"]
+    # equal steps per slice: M² slices for FC, M for LC
+    assert [mod._slices_epochs(full, "fc", m) for m in (2, 4, 8, 16)] == [e, 4 * e, 16 * e, 64 * e]
+    assert [mod._slices_epochs(full, "lc", m) for m in (2, 4, 8, 16)] == [e, 2 * e, 4 * e, 8 * e]
+    assert "full mode does" in mod._slices_note(quick)
+    assert "per slice fixed" in mod._slices_note(full)
+    for cfg in (quick, full):
+        assert "mitbih" in cfg["datasets"] and "mitbih" in cfg["table2_datasets"]
+    assert set(mod.PAPER_MITBIH) == set(TABLE1) | set(TABLE2)
+    assert mod.PAPER_MITBIH["TinyFoA"] == (11.69, 0.69) and mod.PAPER_MITBIH["BP"] == (8.25, 0.46)
+
+
+def test_mitbih_job_uses_five_classes_and_168_inputs(monkeypatch):
+    from bpfree.data import MITDB_RECORDS, require_data_root
+    from bpfree.tinyfoa import experiment
+
+    require_data_root("mitdb", tuple(f"{r}.{e}" for r in MITDB_RECORDS
+                                     for e in ("hea", "dat", "atr")))
+    assert experiment.n_classes("mitbih") == 5 and experiment.n_classes("mnist") == 10
+    assert experiment.default_lr("PEPITA+BW", "mitbih") == 0.06
+    assert experiment.default_lr("PEPITA+BW", "mnist") == experiment.default_lr("PEPITA+BW")
+    x, y, xt, yt = experiment._data("mitbih", 300, 100)
+    assert x.shape == (300, 168) and xt.shape == (100, 168) and x.dtype == torch.float32
+    assert int(y.max()) == 4 and int(yt.min()) == 0
+    seen = {}
+    import bpfree.tinyfoa as tf
+
+    orig = tf.make_method
+
+    def spy(name, sizes, n_classes, **kw):
+        seen.update(sizes=sizes, n_classes=n_classes)
+        return orig(name, sizes, n_classes, **kw)
+
+    monkeypatch.setattr(tf, "make_method", spy)
+    job = dict(dataset="mitbih", method="TinyFoA", arch="fc", m=2, seed=0, epochs=1, batch=64,
+               train=300, test=100, width=16, exchanges=None, visits=1)
+    _, err = experiment.run_job(job)
+    assert seen == {"sizes": [168, 16, 16, 16, 16], "n_classes": 5} and 0 <= err <= 100
+    with pytest.raises(ValueError, match="28×28"):
+        experiment.run_job(dict(job, arch="lc"))

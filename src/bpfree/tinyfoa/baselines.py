@@ -53,6 +53,7 @@ class _Baseline:
         if len(sizes) < 2:
             raise ValueError("sizes must list the input size and at least one hidden size")
         self.variant, self.n_classes, self.sizes = v, n_classes, list(sizes)
+        check_slices(m, {})          # M >= 1 even when the variant has no vertical training
         self.m = 1
         if v.vertical:
             named = {f"hidden layer {i}'s input size": a for i, a in enumerate(sizes[:-1], 1)}
@@ -106,7 +107,14 @@ class _Baseline:
             layer.weight[widx] -= lr * dw[widx]
             layer.bias[bidx] -= lr * db[bidx]
 
-    def _check_labels(self, y: torch.Tensor) -> None:
+    def _check_labels(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Clear errors for a batch the network cannot take (sizes, label range)."""
+        if x.dim() < 1 or x[0].numel() != self.sizes[0]:
+            raise ValueError(f"each input must have {self.sizes[0]} values (the first "
+                             f"layer's input size), got shape {tuple(x.shape)}")
+        if y.dim() != 1 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"labels must be one class index per input: expected shape "
+                             f"({x.shape[0]},), got {tuple(y.shape)}")
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes):
             raise ValueError(f"labels must lie in [0, {self.n_classes}) for a "
                              f"{self.n_classes}-class network, got "
@@ -137,6 +145,7 @@ class BP(_Baseline):
         if in_shape is None:
             raise ValueError("lc layers need in_shape=(channels, size)")
         c, size = in_shape
+        check_slices(m, {})
         super().__init__([c * size * size, 1], n_classes, m=1, **kw)
         if self.variant.vertical:
             self.m = check_slices(m, {f"LC layer {i}'s kernel count": o
@@ -154,7 +163,7 @@ class BP(_Baseline):
                                    generator=self.generator)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        self._check_labels(y)
+        self._check_labels(x, y)
         params = [p for layer in [*self.layers, self.output] for p in (layer.weight, layer.bias)]
         for p in params:
             p.grad = None
@@ -208,7 +217,7 @@ class DRTP(_Baseline):
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        self._check_labels(y)
+        self._check_labels(x, y)
         h = x.reshape(x.shape[0], -1)
         n = h.shape[0]
         onehot = F.one_hot(y, self.n_classes).to(h.dtype)
@@ -244,7 +253,7 @@ class PEPITA(_Baseline):
 
     @torch.no_grad()
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        self._check_labels(y)
+        self._check_labels(x, y)
         x = x.reshape(x.shape[0], -1)
         n = x.shape[0]
         onehot = F.one_hot(y, self.n_classes).to(x.dtype)
@@ -299,7 +308,7 @@ class FF(_Baseline):
         return loss, hp, hn
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        self._check_labels(y)
+        self._check_labels(x, y)
         pos, neg = self.embed(x, y), self.embed(x, self.negative_labels(y))
         total = 0.0
         for layer, theta in zip(self.layers, self.thresholds):

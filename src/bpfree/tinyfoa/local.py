@@ -268,7 +268,8 @@ class TinyFoA:
         if n_classes < 2:
             raise ValueError(f"n_classes must be >= 2, got {n_classes}")
         self.variant, self.n_classes = v, n_classes
-        self.m = check_slices(m, {}) if v.vertical else 1
+        check_slices(m, {})          # M >= 1 even when the variant has no vertical training
+        self.m = m if v.vertical else 1
         self.forwards = 0
         g = torch.Generator().manual_seed(seed)
         self.layers: list = []
@@ -311,14 +312,28 @@ class TinyFoA:
         self.set_slice(min(step * exchanges // max(total_steps, 1), exchanges - 1))
 
     # -- training -------------------------------------------------------------------------
-    def _check_labels(self, y: torch.Tensor) -> None:
+    @property
+    def in_features(self) -> int:
+        first = self.layers[0]
+        if isinstance(first, SlicedLC):
+            return first.in_channels * first.in_size ** 2
+        return first.in_features
+
+    def _check_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Clear errors for a batch the network cannot take (sizes, label range)."""
+        if x.dim() < 1 or x[0].numel() != self.in_features:
+            raise ValueError(f"each input must have {self.in_features} values (the first "
+                             f"layer's input size), got shape {tuple(x.shape)}")
+        if y.dim() != 1 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"labels must be one class index per input: expected shape "
+                             f"({x.shape[0]},), got {tuple(y.shape)}")
         if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes):
             raise ValueError(f"labels must lie in [0, {self.n_classes}) to match the "
                              f"{self.n_classes}-class auxiliary classifiers, got "
                              f"[{int(y.min())}, {int(y.max())}]")
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        self._check_labels(y)
+        self._check_batch(x, y)
         ba = self.variant.binary_activations
         h = x.reshape(x.shape[0], -1)
         onehot = F.one_hot(y, self.n_classes).to(h.dtype)
