@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+
+import numpy as np
 
 import pytest
 import torch
@@ -57,6 +60,24 @@ def test_grid_is_cached_and_copied():
     a.zero_()
     b, _ = sparse_grid(6, 3, 0.1)
     assert float(b.abs().sum()) > 0
+
+
+def test_grid_cache_is_keyed_by_dim_level_sigma():
+    build = sys.modules["bpfree.pinn.sparse_grid"]._build
+    sparse_grid(7, 3, 0.3)
+    before = build.cache_info()
+    sparse_grid(7, 3, 0.3)                                   # same key: served from the cache
+    after = build.cache_info()
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+    n1, w1 = sparse_grid(7, 3, 1.0)                          # new sigma: a new entry ...
+    assert build.cache_info().misses == after.misses + 1
+    n3, w3 = sparse_grid(7, 3, 0.3)                          # ... with nodes scaled by sigma
+    torch.testing.assert_close(n3, 0.3 * n1, rtol=0, atol=1e-15)
+    torch.testing.assert_close(w3, w1, rtol=0, atol=0)
+    assert sparse_grid(7, 2, 0.3)[0].shape[0] == 2 * 7 + 1   # new level: a different rule
+    # NumPy scalars are accepted like Python numbers.
+    n_np, _ = sparse_grid(np.int64(7), np.int64(3), np.float32(0.3))
+    assert n_np.shape == n3.shape
 
 
 @pytest.mark.parametrize("kwargs", [dict(dim=3, level=0), dict(dim=3, level=-1),
@@ -154,6 +175,9 @@ def test_stein_mc_against_smoothed():
     gs, ls = sines_derivatives(X, sigma)
     assert (g - gs).abs().max() < 0.1       # MC: error ~ |∇u| sqrt(D / M) + ...
     assert (l - ls).abs().max() < 0.5
+    g0, l0 = AutoDiff()(sines, X)           # + the O(σ²) smoothing bias against AD
+    assert (g - g0).abs().max() < 0.15
+    assert (l - l0).abs().max() < 0.6
 
 
 def test_sparse_grid_beats_monte_carlo_at_equal_evaluations():
@@ -207,6 +231,28 @@ def test_poisson_exact_residual_small_with_fd():
     assert float(parts["residual"]) < 1e-6 and float(parts["boundary"]) < 1e-20
 
 
+def test_poisson_exact_solution_has_zero_residual_under_ad():
+    p = Poisson2D()
+    batch = p.sample(32, n_boundary=16, generator=torch.Generator().manual_seed(1),
+                     dtype=torch.float64)
+    parts = pinn_loss(_Exact(p), p, AutoDiff(), batch)
+    assert float(parts["residual"]) < 1e-24 and float(parts["boundary"]) < 1e-30
+
+
+@pytest.mark.parametrize("backend", ["FD", "SG"])
+def test_fo_training_on_the_2d_problem(backend):
+    p = Poisson2D()
+    net = dense_sine_mlp(2, 32, seed=0)
+    b = get_backend(backend, **({"sigma": 0.05} if backend == "SG" else {}))
+    r = train_fo(net, p, b, steps=300, batch_size=64, n_initial=0, n_boundary=32, lr=1e-2,
+                 lambda_boundary=10.0, log_every=0)
+    # Untrained MSE ≈ 0.36; training recovers u = sin(πx) sin(πy) to ~2e-3 (SG: the σ = 0.05
+    # smoothing damps sin(πx)sin(πy) by e^{−σ²π²} ≈ 0.976, a floor of ~1e-4).
+    assert r.val_mse < 0.02 * r.initial_val_mse and r.val_mse < 5e-3, r.val_mse
+    if backend == "SG":
+        assert b.evaluations(2) == 2 * 4 + 2 * 2 + 1        # 13 nodes: level 3 at D = 2
+
+
 def test_dimension_mismatch_and_bad_points():
     p = HJB(20)
     with pytest.raises(ValueError, match="inputs"):
@@ -221,6 +267,26 @@ def test_dimension_mismatch_and_bad_points():
         pinn_loss(transformed(dense_sine_mlp(21, 8), p), p, AutoDiff(), batch)
     with pytest.raises(ValueError, match="shape"):
         validation_mse(dense_sine_mlp(21, 8), p, torch.rand(4, 20))
+    # A network that does not declare in_features is probed at the problem's width.
+    seq = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    with pytest.raises(ValueError, match="21 coordinates"):
+        pinn_loss(seq, p, FiniteDifference(), p.sample(4))
+    with pytest.raises(ValueError, match="21 coordinates"):
+        transformed(seq, p)
+    with pytest.raises(ValueError, match="21 coordinates"):
+        train_zo(seq, p, "FD", steps=1)
+    # Non-finite initial/boundary targets.
+    batch = p.sample(4, 4)
+    batch.initial_target[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="initial targets contain non-finite"):
+        pinn_loss(transformed(dense_sine_mlp(21, 8), p), p, FiniteDifference(), batch)
+    q = Poisson2D()
+    batch = q.sample(4, n_boundary=4)
+    batch.boundary[1, 0] = float("inf")
+    with pytest.raises(ValueError, match="boundary points contain non-finite"):
+        pinn_loss(dense_sine_mlp(2, 8), q, FiniteDifference(), batch)
+    with pytest.raises(ValueError, match="allowed"):
+        get_backend("SG", levle=3)
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -270,3 +336,84 @@ def test_zo_training_is_bp_free_and_counts_forwards(kind):
     assert all(p_.grad is None for p_ in net.parameters())  # no BP anywhere
     with pytest.raises(ValueError, match="forward-only"):
         train_zo(net, p, "AD", steps=1)
+
+
+@pytest.mark.parametrize("backend", ["FD", "SE"])
+def test_zo_training_with_fd_and_stein_mc(backend):
+    p = HJB(20)
+    net = transformed(tt_sine_mlp(21, 16, rank=2), p)
+    b = get_backend(backend, **({"num_samples": 32} if backend == "SE" else {}))
+    r = train_zo(net, p, b, steps=30, batch_size=4, n_initial=8, lr=3e-3, log_every=0)
+    per = {"FD": 2 * 21 + 1, "SE": 2 * 32 + 1}[backend]
+    assert r.loss_evaluations == 30 * 11
+    assert r.point_evaluations == 30 * 11 * (4 * per + 8)
+    assert r.val_mse < r.initial_val_mse
+    assert all(p_.grad is None for p_ in net.parameters())
+
+
+# -- benchmark (bpfree bench pinn) ------------------------------------------------------------
+
+def _pinn_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pinn.py"
+    spec = importlib.util.spec_from_file_location("bench_pinn_under_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _tiny_config(bench, quick=True, config=None):
+    cfg = (config or bench._config)(quick)
+    cfg.update(fo_steps=2, zo_steps=2, batch=2, n_initial=2, time_repeats=1)
+    cfg["poisson"] = dict(cfg["poisson"], fo_steps=3, zo_steps=2, batch=4, n_boundary=4)
+    return cfg
+
+
+def test_benchmark_poisson_table_smoke():
+    from bpfree.bench.runner import validate_rows
+
+    bench = _pinn_bench()
+    for quick in (True, False):        # both modes carry the Poisson-2D settings
+        pc = bench._config(quick)["poisson"]
+        assert pc["sigma"] == 0.05 and pc["width"] == 32 and pc["zo_steps"] >= 1000
+    rows, runs = bench._poisson_table(_tiny_config(bench))
+    validate_rows(rows)
+    assert {r["table"] for r in rows} == {bench.TP}
+    methods = ["FO+AD", "FO+FD", "FO+SE", "FO+SG", "ZO+FD", "ZO+SE", "ZO+SG"]
+    metrics = ["validation MSE", "evals per collocation point", "loss evaluations",
+               "network point-evals (M)", "train time (s)"]
+    cells = {(r["method"], r["metric"]): r["value"] for r in rows}
+    assert sorted(cells) == sorted((m, k) for m in methods for k in metrics)
+    assert all(math.isfinite(v) for v in cells.values())
+    per = {"AD": 1, "FD": 5, "SE": 2 * 64 + 1, "SG": 13}          # D = 2
+    for m in methods:
+        kind, b = m.split("+")
+        assert cells[(m, "evals per collocation point")] == per[b]
+        assert cells[(m, "loss evaluations")] == (3 if kind == "FO" else 2 * 11)
+        assert cells[(m, "train time (s)")] > 0
+    assert all(r["setting"] == "FC-2 32 (2-32-1 sine), 129 params" for r in rows)
+
+
+def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
+    from bpfree.bench.runner import validate_rows
+
+    bench = _pinn_bench()
+    original = bench._config
+    monkeypatch.setattr(bench, "_config", lambda quick: _tiny_config(bench, quick, original))
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    monkeypatch.setattr(bench, "FIGURES", tmp_path / "figures")
+    rows, extra = bench._run(True)
+    validate_rows(rows)
+    tables = [bench.T4, bench.T5, bench.T6, bench.TP]
+    assert sorted({r["table"] for r in rows}) == sorted(tables)
+    for table in (bench.T4, bench.T5, bench.TP):
+        methods = {r["method"] for r in rows if r["table"] == table}
+        timed = {r["method"] for r in rows
+                 if r["table"] == table and r["metric"] == "train time (s)"}
+        assert methods == timed, table
+    t6 = {r["metric"] for r in rows if r["table"] == bench.T6}
+    assert {"FO-AD train time (s)", "ZO-SG train time (s)"} <= t6
+    assert any("Poisson-2D table (quick)" in n for n in extra["notes"])
+    assert all((tmp_path / f["path"]).exists() for f in extra["figures"])

@@ -13,8 +13,8 @@
 from .derivatives import BACKENDS, AutoDiff, FiniteDifference, SparseGridStein, SteinMC, get_backend
 from .models import (SineMLP, SparseLinear, build_model, dense_sine_mlp, num_parameters,
                      pruned_sine_mlp, tt_sine_mlp)
-from .problems import (HJB, Collocation, PDEProblem, Poisson2D, check_points, pinn_loss,
-                       Transformed, transformed, validation_mse)
+from .problems import (HJB, Collocation, PDEProblem, Poisson2D, Transformed, check_model,
+                       check_points, pinn_loss, transformed, validation_mse)
 from .sparse_grid import gauss_hermite, sparse_grid, sparse_grid_size
 from .train import PINNResult, train_fo, train_zo
 
@@ -22,6 +22,6 @@ __all__ = [
     "BACKENDS", "AutoDiff", "FiniteDifference", "SparseGridStein", "SteinMC", "get_backend",
     "SineMLP", "SparseLinear", "build_model", "dense_sine_mlp", "num_parameters",
     "pruned_sine_mlp", "tt_sine_mlp", "HJB", "Collocation", "PDEProblem", "Poisson2D",
-    "check_points", "pinn_loss", "Transformed", "transformed", "validation_mse", "gauss_hermite",
-    "sparse_grid", "sparse_grid_size", "PINNResult", "train_fo", "train_zo",
+    "check_model", "check_points", "pinn_loss", "Transformed", "transformed", "validation_mse",
+    "gauss_hermite", "sparse_grid", "sparse_grid_size", "PINNResult", "train_fo", "train_zo",
 ]

@@ -27,7 +27,9 @@ The Stein backends differentiate the Gaussian-smoothed ``u_σ(x) = E f(x + δ)``
 
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import torch
@@ -61,8 +63,8 @@ def _as_2d(y: Tensor, rows: int) -> Tensor:
 
 
 def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -179,9 +181,10 @@ class SteinMC(_Backend):
                  laplacian_dims: Sequence[int] | None = None) -> None:
         super().__init__(laplacian_dims)
         self.sigma = _positive("sigma", sigma)
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) \
+                or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-        self.num_samples = num_samples
+        self.num_samples = int(num_samples)
         self._gen = torch.Generator().manual_seed(int(seed))
         self._z: Tensor | None = None
         self._dim: int | None = None
@@ -227,9 +230,9 @@ class SparseGridStein(_Backend):
                  laplacian_dims: Sequence[int] | None = None) -> None:
         super().__init__(laplacian_dims)
         self.sigma = _positive("sigma", sigma)
-        if isinstance(level, bool) or not isinstance(level, int) or level < 1:
+        if isinstance(level, bool) or not isinstance(level, numbers.Integral) or level < 1:
             raise ValueError(f"level must be an integer >= 1, got {level!r}")
-        self.level = level
+        self.level = int(level)
         self._plans: dict[int, tuple] = {}
 
     def _plan(self, dim: int):
@@ -261,7 +264,12 @@ BACKENDS = {"AD": AutoDiff, "FD": FiniteDifference, "SE": SteinMC, "SG": SparseG
 
 def get_backend(name: str, **options) -> _Backend:
     """Build a backend by its short name: ``AD``, ``FD``, ``SE`` or ``SG``."""
-    key = name.upper()
+    key = name.upper() if isinstance(name, str) else name
     if key not in BACKENDS:
         raise ValueError(f"unknown derivative backend {name!r}; choose one of {sorted(BACKENDS)}")
-    return BACKENDS[key](**options)
+    cls = BACKENDS[key]
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for backend {key}; allowed: {allowed}")
+    return cls(**options)

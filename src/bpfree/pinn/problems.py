@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["PDEProblem", "HJB", "Poisson2D", "Collocation", "pinn_loss", "transformed", "Transformed",
-           "validation_mse", "check_points"]
+           "validation_mse", "check_points", "check_model"]
 
 
 def check_points(x: Tensor, dim: int, what: str = "collocation points") -> Tensor:
@@ -152,7 +152,8 @@ class Transformed(nn.Module):
     def __init__(self, base: nn.Module, dim: int, exact_known_part: bool = True) -> None:
         super().__init__()
         self.base, self.dim = base, dim
-        self.in_features = getattr(base, "in_features", dim + 1)
+        #: None when the base network does not declare its input width (checked by a probe)
+        self.in_features = getattr(base, "in_features", None)
         self.exact_known_part = exact_known_part
 
     def known(self, z: Tensor) -> Tensor:
@@ -174,18 +175,42 @@ def transformed(base: nn.Module, problem: HJB, exact_known_part: bool = True) ->
     """Wrap a base network into the paper's transformed network for the HJB problem."""
     if not isinstance(problem, HJB):
         raise TypeError("the transformed network f' = f + ||x||_1 + 1 - t is defined for HJB")
-    d = getattr(base, "in_features", None)
-    if d is not None and d != problem.input_dim:
-        raise ValueError(f"the network takes {d} inputs but problem {problem.name!r} has "
-                         f"{problem.input_dim} coordinates")
+    check_model(base, problem)
     return Transformed(base, problem.dim, exact_known_part)
 
 
-def _check_model(model: nn.Module, problem: PDEProblem) -> None:
+def check_model(model: nn.Module, problem: PDEProblem) -> None:
+    """Raise ``ValueError`` unless ``model`` takes the problem's ``input_dim`` coordinates.
+
+    Uses ``model.in_features`` when the model declares it; otherwise evaluates the model once
+    at one point of the right width and reports a failure as a dimension mismatch.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     d = getattr(model, "in_features", None)
-    if d is not None and d != problem.input_dim:
-        raise ValueError(f"the network takes {d} inputs but problem {problem.name!r} has "
-                         f"{problem.input_dim} coordinates")
+    if d is not None:
+        if d != problem.input_dim:
+            raise ValueError(f"the network takes {d} inputs but problem {problem.name!r} has "
+                             f"{problem.input_dim} coordinates")
+        return
+    param = next(iter(model.parameters()), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    probe = torch.full((1, problem.input_dim), 0.5, dtype=dtype)
+    try:
+        with torch.no_grad():
+            model(probe)
+    except (RuntimeError, ValueError) as err:
+        raise ValueError(f"the network cannot take the {problem.input_dim} coordinates of "
+                         f"problem {problem.name!r} (dimension mismatch?): {err}") from err
+
+
+def _check_target(target, points: Tensor, what: str) -> Tensor:
+    if not isinstance(target, Tensor) or target.ndim != 2 or target.shape[0] != len(points):
+        raise ValueError(f"{what} targets must be a ({len(points)}, n) tensor, got "
+                         f"{tuple(getattr(target, 'shape', ())) or type(target).__name__}")
+    if not bool(torch.isfinite(target).all()):
+        raise ValueError(f"{what} targets contain non-finite (NaN/Inf) values")
+    return target
 
 
 def pinn_loss(model: nn.Module, problem: PDEProblem, backend, batch: Collocation,
@@ -195,7 +220,7 @@ def pinn_loss(model: nn.Module, problem: PDEProblem, backend, batch: Collocation
     Returns a dict with ``loss`` (the total) and its parts ``residual``, ``initial``,
     ``boundary`` (zero when the batch has no such points).
     """
-    _check_model(model, problem)
+    check_model(model, problem)
     x = check_points(batch.interior, problem.input_dim)
     if isinstance(model, Transformed) and model.exact_known_part:
         grad, lap = backend(model.network, x, laplacian_dims=problem.laplacian_dims)
@@ -211,10 +236,12 @@ def pinn_loss(model: nn.Module, problem: PDEProblem, backend, batch: Collocation
     parts["boundary"] = zero
     if batch.initial is not None and len(batch.initial):
         p = check_points(batch.initial, problem.input_dim, "initial points")
-        parts["initial"] = ((model(p).reshape(len(p), -1) - batch.initial_target) ** 2).sum(-1).mean()
+        target = _check_target(batch.initial_target, p, "initial")
+        parts["initial"] = ((model(p).reshape(len(p), -1) - target) ** 2).sum(-1).mean()
     if batch.boundary is not None and len(batch.boundary):
         p = check_points(batch.boundary, problem.input_dim, "boundary points")
-        parts["boundary"] = ((model(p).reshape(len(p), -1) - batch.boundary_target) ** 2).sum(-1).mean()
+        target = _check_target(batch.boundary_target, p, "boundary")
+        parts["boundary"] = ((model(p).reshape(len(p), -1) - target) ** 2).sum(-1).mean()
     parts["loss"] = parts["residual"] + lambda_initial * parts["initial"] \
         + lambda_boundary * parts["boundary"]
     return parts
@@ -223,6 +250,7 @@ def pinn_loss(model: nn.Module, problem: PDEProblem, backend, batch: Collocation
 @torch.no_grad()
 def validation_mse(model: nn.Module, problem: PDEProblem, points: Tensor) -> float:
     """Mean squared error of the network against the exact solution at ``points``."""
+    check_model(model, problem)
     points = check_points(points, problem.input_dim, "validation points")
     pred = model(points).reshape(len(points), -1)
     return float(((pred - problem.exact(points).to(pred)) ** 2).mean())

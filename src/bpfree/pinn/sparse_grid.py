@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from functools import lru_cache
 
 import numpy as np
@@ -26,8 +27,8 @@ def _check(dim, level, sigma) -> tuple[int, int, float]:
         raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
     if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or level < 1:
         raise ValueError(f"level must be an integer >= 1, got {level!r}")
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not math.isfinite(sigma) \
-            or sigma <= 0:
+    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) \
+            or not math.isfinite(sigma) or sigma <= 0:
         raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
     return int(dim), int(level), float(sigma)
 

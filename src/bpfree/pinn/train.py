@@ -26,7 +26,7 @@ from ..estimators import sign_rge
 from ..optim import ZOOptimizer
 from ..transforms import cosine
 from .derivatives import AutoDiff, get_backend
-from .problems import PDEProblem, pinn_loss, validation_mse
+from .problems import PDEProblem, check_model, pinn_loss, validation_mse
 
 __all__ = ["PINNResult", "train_fo", "train_zo"]
 
@@ -47,10 +47,7 @@ def _setup(model, problem, backend, steps, batch_size, lr):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(problem, PDEProblem):
         raise TypeError(f"problem must be a PDEProblem, got {type(problem).__name__}")
-    d = getattr(model, "in_features", None)
-    if d is not None and d != problem.input_dim:
-        raise ValueError(f"the network takes {d} inputs but problem {problem.name!r} has "
-                         f"{problem.input_dim} coordinates")
+    check_model(model, problem)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
