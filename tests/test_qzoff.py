@@ -21,6 +21,7 @@ from bpfree.qzoff import (
     MomentumSampling,
     QZOFFConfig,
     accumulate_gradient,
+    displaced_weights,
     perturbation_multiplier,
     perturbed_weights,
     quantize_epsilon,
@@ -334,7 +335,7 @@ def test_sharpness_aware_moves_evaluation_point(digits, mode):
     for k, (w, c) in enumerate(zip(w0, est.center)):
         if mode == "quantized":
             u = quantized_gaussian_codes(seeds[k], w.shape, dtype=torch.int32)
-            expected = perturbed_weights(w, u, est.ascent_sign * tr.rho_q[k], 36, tr.pmult,
+            expected = displaced_weights(w, u, est.ascent_sign * tr.rho_q[k], tr.pmult,
                                          tr.pshift, 16)
             assert torch.equal(c, expected) and not torch.equal(c, w)
         else:
@@ -456,3 +457,207 @@ def test_digits_16w8a_trains_8w8a_frozen(digits):
     out = [tr8.step(x[i:i + 64], y[i:i + 64], 1e-2) for i in range(0, 320, 64)]
     assert all(o["moved"] == 0 and o["signs"] == [0, 0, 0] for o in out)
     assert all(torch.equal(a, b) for a, b in zip(codes0, tr8.qp.codes))
+
+
+# ---------------------------------------------------------------------------------------------
+# audit additions: shape checks, 8-bit activations, training modes on the ViT (D-VPT)
+# ---------------------------------------------------------------------------------------------
+
+def test_quantized_update_rejects_wrong_shapes():
+    w_q = torch.zeros(3, 4, dtype=torch.int32)
+    acc = torch.ones(3, 4, dtype=torch.int32)
+    mult, shift = update_multiplier(1e-3, quantization_scale(), torch.tensor(1e-4,
+                                                                            dtype=torch.float64), 1)
+    # a [4] mask would broadcast silently over the rows; it must be refused
+    with pytest.raises(ValueError, match="mask has shape"):
+        quantized_update(w_q, acc, mult, shift, 16, torch.ones(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask has shape"):
+        quantized_update(w_q, acc, mult, shift, 16, torch.ones(4, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="accumulator has shape"):
+        quantized_update(w_q, torch.ones(4, dtype=torch.int32), mult, shift, 16)
+
+
+def test_adamw_eps_must_be_positive():
+    with pytest.raises(ValueError, match="AdamW eps"):
+        QZOFF(_mlp(), optimizer="adamw", adam_eps=-1.0)
+    with pytest.raises(ValueError, match="AdamW eps"):
+        QZOFF(_mlp(), optimizer="adamw", adam_eps=0.0)
+    for bad in (1, 25, 16.5, "16", True):
+        with pytest.raises(ValueError, match="w_bits must be an int"):
+            QZOFFConfig(w_bits=bad)
+
+
+def _fake_quant_ref(t: torch.Tensor, lo: float, hi: float, bits: int = 8) -> torch.Tensor:
+    """TFLite asymmetric quantize-dequantize, written out: scale = (hi−lo)/(2^b−1) with
+    lo ≤ 0 ≤ hi, integer zero point, codes clamped to [0, 2^b−1]."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    zp = round(-lo / scale)
+    return (torch.round(t / scale) + zp).clamp(0, 2 ** bits - 1).sub(zp).mul(scale)
+
+
+def test_activation_quantizer_8bit_static_ranges():
+    from bpfree.qzoff import ActivationQuantizer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    x = torch.randn(32, 5)
+    with torch.no_grad():
+        h1 = model[0](x)
+        h2 = torch.relu(h1)
+        h3 = model[2](h2)
+    acts = ActivationQuantizer(model, 8)
+    assert acts.needs_calibration
+    acts.calibrate(lambda: model(x))
+    assert not acts.needs_calibration
+    # calibration records the float min / max of every hooked output
+    for name, h in (("0", h1), ("1", h2), ("2", h3)):
+        assert acts.ranges[name] == [float(h.min()), float(h.max())]
+    # the 8-bit forward is the chain of fake quantizations with those static ranges
+    with torch.no_grad():
+        out = model(x)
+        r = acts.ranges
+        q1 = _fake_quant_ref(h1, *r["0"])
+        q2 = _fake_quant_ref(torch.relu(q1), *r["1"])
+        q3 = _fake_quant_ref(model[2](q2), *r["2"])
+    assert torch.allclose(out, q3, atol=1e-6, rtol=0)
+    assert len(torch.unique(out)) <= 256 and not torch.equal(out, h3)
+    # static ranges stay frozen: a batch 10x larger saturates at the calibrated range
+    with torch.no_grad():
+        big = model(10 * x)
+    lo, hi = min(r["2"][0], 0.0), max(r["2"][1], 0.0)
+    half_step = (hi - lo) / 255 / 2      # the clamp sits on the grid, within half a step
+    assert float(big.max()) <= hi + half_step and float(big.min()) >= lo - half_step
+    with acts.disabled(), torch.no_grad():
+        assert float(model(10 * x).max()) > hi + 1.0  # ... although the float output is far out
+    with acts.disabled(), torch.no_grad():
+        assert torch.equal(model(x), h3)
+    acts.remove()
+    with torch.no_grad():
+        assert torch.equal(model(x), h3)
+    # 4-bit activations: at most 16 levels per output
+    acts4 = ActivationQuantizer(model, 4, ranges="dynamic")
+    with torch.no_grad():
+        assert len(torch.unique(model(x))) <= 16
+    acts4.remove()
+
+
+@pytest.mark.parametrize("mode,k", [("linear-probe", None), ("last-k", 1), ("deep-vpt", None)])
+def test_qzoff_trains_exactly_the_mode_parameters_of_a_vit(mode, k):
+    """Build item 3: QZO-FF (16w8a) on a small ViT trains exactly the parameters of the
+    training mode -- head only, last block + final norm + head, or deep prompts + head."""
+    from bpfree.models.vit import TinyViT
+    from bpfree.training_modes import trainable_parameters
+
+    torch.manual_seed(0)
+    vit = TinyViT(dim=16, depth=2, heads=2, num_classes=3, prompt_tokens=2)
+    names = trainable_parameters(vit, mode, k=k)
+    x, y = torch.rand(12, 1, 28, 28), torch.arange(12) % 3
+    tr = QZOFF(vit, params=names, m=2, seed=1, eps=1e-2)
+    assert tr.names == names
+    before = {n: p.detach().clone() for n, p in vit.named_parameters()}
+    signs = []
+    for _ in range(3):
+        signs += tr.step(x, y, 1e-2)["signs"]
+    assert any(signs), "every loss difference was 0: the test would show nothing"
+    after = dict(vit.named_parameters())
+    for n, p in before.items():
+        if n in names:
+            continue
+        assert torch.equal(after[n].detach(), p), f"{n} is not in mode {mode!r} but moved"
+    moved = [n for n in names if not torch.equal(after[n].detach(), before[n])]
+    if mode == "deep-vpt":
+        assert "prompts" in moved
+    assert any(n.startswith("head") for n in moved)
+
+
+# ---------------------------------------------------------------------------------------------
+# audit: the sharpness-aware centre goes through Eq. 6's Δz·1_q factor once, not twice
+# ---------------------------------------------------------------------------------------------
+
+def test_displaced_weights_exact():
+    """c_q = sat(w_q + MBQM(ρ_q·z_q)): w_q is kept exactly, only the displacement is scaled
+    by m/2**k ≈ Δz (checked against the exact rational multiply-and-shift)."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randint(-32767, 32768, (300,), generator=g, dtype=torch.int32)
+    z = torch.randint(-127, 128, (300,), generator=g, dtype=torch.int32)
+    mult, shift = perturbation_multiplier(quantization_scale())
+    for rho_q in (7, -7, 1):
+        got = displaced_weights(w, z, rho_q, mult, shift, 16)
+        ref = [_sat(int(wi) + _mbqm_ref(rho_q * int(zi), mult, shift), 16)
+               for wi, zi in zip(w.tolist(), z.tolist())]
+        assert got.tolist() == ref
+    assert torch.equal(displaced_weights(w, torch.zeros_like(z), 5, mult, shift, 16), w)
+    # per-channel ρ_q
+    w2, z2 = w[:12].reshape(3, 4), z[:12].reshape(3, 4)
+    rho = torch.tensor([1, 2, 3])
+    got = displaced_weights(w2, z2, rho, mult, shift, 16)
+    for c in range(3):
+        assert torch.equal(got[c], displaced_weights(w2[c], z2[c], int(rho[c]), mult, shift, 16))
+
+
+def test_sharpness_centre_shrinks_once(digits):
+    """The ε-probes around the sharpness-aware centre see Δz·1_q·(w + ρu) -- one factor
+    0.992 as the plain probes see Δz·1_q·w -- not 0.992² (an Eq. 6 centre re-quantized by Eq. 6
+    again)."""
+    x, y = digits[0][:64], digits[1][:64]
+    factor = quantization_scale() * quantized_one()            # 0.99213 for the defaults
+    tr = QZOFF(_mlp(), m=1, seed=3, sharpness_rho=5e-3)
+    w0 = [t.clone() for t in tr.current()]
+    est = tr.estimate(x, y)
+    assert est.ascent_sign in (-1, 1)
+    for k, (w, c) in enumerate(zip(w0, est.center)):
+        wf, cf = w.double(), c.double()
+        if w.dim() < 2:
+            continue    # 10-32 biases: the random ρu dominates the slope estimates below
+        # the centre keeps the scale of w: regression of c on w has slope 1, not 0.992
+        slope = float((cf * wf).sum() / (wf * wf).sum())
+        assert abs(slope - 1.0) < 2e-3, (k, slope)
+        # the probe from the centre shrinks once: slope of probe on w ≈ 0.992, not 0.984
+        z0 = torch.zeros_like(w)
+        probe = perturbed_weights(c, z0, tr.eps_q[k], quantized_one(), tr.pmult, tr.pshift, 16)
+        plain = perturbed_weights(w, z0, tr.eps_q[k], quantized_one(), tr.pmult, tr.pshift, 16)
+        s_probe = float((probe.double() * wf).sum() / (wf * wf).sum())
+        s_plain = float((plain.double() * wf).sum() / (wf * wf).sum())
+        assert abs(s_plain - factor) < 1e-4
+        assert abs(s_probe - factor) < 2e-3 and abs(s_probe - factor ** 2) > 5e-3
+        # the displacement is ρ_q·u·Δz codes (≈ ρ·u, float mode's centre w + ρu), within half
+        # a code, except where the centre saturates at the 16-bit range (headroom 1)
+        u = quantized_gaussian_codes(derive_seed(3, 0, 2**32, k), w.shape, dtype=torch.int32)
+        want = est.ascent_sign * int(tr.rho_q[k]) * u.double() * quantization_scale()
+        inside = c.abs() < 32767
+        assert bool(inside.float().mean() > 0.95)
+        assert float(((cf - wf) - want)[inside].abs().max()) <= 0.51   # m/2**k ≈ Δz, not =
+        assert abs(int(tr.rho_q[k]) * float(tr.qp.scales[k]) - 5e-3) < float(tr.qp.scales[k])
+
+
+def test_config_validates_adam_eps_and_sparse_scope():
+    for bad in (0.0, -1e-8, float("nan"), float("inf"), True, "1e-8"):
+        with pytest.raises(ValueError, match="adam_eps"):
+            QZOFFConfig(optimizer="adamw", adam_eps=bad)
+    with pytest.raises(ValueError, match="adam_eps"):
+        QZOFFConfig(adam_eps=-1.0)            # refused for any optimizer, as the trainer would
+    assert QZOFFConfig(optimizer="adamw", adam_eps=1e-6).adam_eps == 1e-6
+    with pytest.raises(ValueError, match="sparse_scope"):
+        QZOFFConfig(sparse="topk", sparse_scope="biases")
+
+
+@pytest.mark.parametrize("method", ["topk", "random"])
+def test_sparse_scope_weights_keeps_biases_trainable(digits, method):
+    x, y = digits[0][:64], digits[1][:64]
+    tr = QZOFF(_mlp(), m=2, sparse=method, sparsity=0.9, sparse_scope="weights")
+    assert [mk is None for mk in tr.masks] == [p.dim() < 2 for p in tr.params]
+    for mk, p in zip(tr.masks, tr.params):
+        if mk is not None:
+            assert 0.09 < int(mk.sum()) / mk.numel() < 0.12
+    w0 = [t.clone() for t in tr.current()]
+    for _ in range(3):
+        tr.step(x, y, 1e-2)
+    for w, w1, mk, p in zip(w0, tr.current(), tr.masks, tr.params):
+        if mk is None:            # every bias entry may move (and some do)
+            assert bool((w != w1).any())
+        else:
+            assert torch.equal(w[~mk], w1[~mk])
+    # scope "all" (the default) masks the biases too
+    full = QZOFF(_mlp(), m=2, sparse=method, sparsity=0.9)
+    assert all(mk is not None for mk in full.masks)

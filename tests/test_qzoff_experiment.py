@@ -68,6 +68,33 @@ def test_prototype_head_is_protonet():
     assert torch.equal(head(x).argmax(1), dist.argmin(1))
 
 
+def test_prototype_head_temperature_gives_a_training_signal():
+    """Audit: with raw (large) features the τ = 1 ProtoNet head has logit gaps of ~10², the
+    support loss underflows to 0 in float32 and no method can train it; the leave-one-out τ
+    keeps the same predictions with a support loss that carries a gradient."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(25) % 5
+    centres = 0.5 * torch.randn(5, 64, generator=g)  # overlapping classes, 5 shots each
+    x = 8 * (centres[y] + torch.randn(25, 64, generator=g))   # squared distances ~10⁴
+    plain = prototype_head(x, y, 5)
+    loo = prototype_head(x, y, 5, "loo")
+    with torch.no_grad():
+        assert torch.equal(plain(x).argmax(1), loo(x).argmax(1))
+        l_plain = float(nn.functional.cross_entropy(plain(x), y))
+        l_loo = float(nn.functional.cross_entropy(loo(x), y))
+    assert l_plain < 1e-6 < 1e-3 < l_loo < 2.0
+    tau = float(loo[0].weight[0].detach().norm() / plain[0].weight[0].detach().norm())
+    assert 0 < tau < 1
+    for t in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            prototype_head(x, y, 5, t)
+    # BP on the τ = 1 head: the gradient is exactly 0 and nothing moves; on the LOO head it does
+    out_plain = train_head(plain, "bp", x, y, epochs=5, batch_size=25, lr=1e-2)
+    out_loo = train_head(loo, "bp", x, y, epochs=5, batch_size=25, lr=1e-2)
+    assert torch.equal(out_plain["model"][0].weight, plain[0].weight)
+    assert not torch.equal(out_loo["model"][0].weight, loo[0].weight)
+
+
 @pytest.mark.parametrize("method,precision", [("bp", None), ("ff", "fp32"), ("ff", "16w8a")])
 def test_train_head_lowers_loss(method, precision):
     x, y = _blobs()
@@ -125,19 +152,38 @@ def test_fewshot_and_ood_tasks_on_mnist():
 
     torch.manual_seed(0)
     state = build_backbone(5).state_dict()
+    lrs = dict.fromkeys(FEWSHOT_METHODS[1:], 1e-3)
     out = run_task(("fewshot", dict(state=state, num_classes=5, kind="mnist",
                                     classes=(5, 6, 7, 8, 9), episodes=3, lo=1, hi=3, steps=2,
-                                    lr_bp_ft=1e-3, lr_bp_lp=1e-3, lr_ff_ft=1e-3,
-                                    lr_ff_lp=1e-3)))
+                                    lp_steps=3, lrs=lrs)))
     assert set(out["accuracies"]) == set(FEWSHOT_METHODS)
     assert all(len(v) == 2 and all(0 <= a <= 100 for a in v)
                for v in out["accuracies"].values())
-    assert out["forwards"]["FF FT"] == 2 * 6 * 25
+    assert out["forwards"]["FF FT"] == 2 * 6 * 25          # FT: `steps`
+    assert out["forwards"]["FF LP"] == 3 * 6 * 25          # LP: `lp_steps`
+    assert out["forwards"]["BP LP"] == 3 * 25
     # chunks of one draw agree with a single call
     again = fewshot_chunk(state, 5, "mnist", (5, 6, 7, 8, 9), episodes=3, lo=2, hi=3, steps=2,
-                          lr_bp_ft=1e-3, lr_bp_lp=1e-3, lr_ff_ft=1e-3, lr_ff_lp=1e-3,
-                          methods=("zero-shot",))
+                          lrs={}, methods=("zero-shot",))
     assert again["accuracies"]["zero-shot"] == out["accuracies"]["zero-shot"][1:]
+    with pytest.raises(ValueError, match="no learning rate"):
+        fewshot_chunk(state, 5, "mnist", (5, 6, 7, 8, 9), episodes=3, lo=0, hi=1, steps=1,
+                      lrs={"BP FT": 1e-3}, methods=("zero-shot", "BP FT", "FF LP"))
+    # validation episodes: training images of the held-out classes, never the test episodes
+    val = run_task(("fewshot_validate", dict(state=state, num_classes=5, kind="mnist",
+                                             classes=(5, 6, 7, 8, 9), method="BP LP",
+                                             episodes=2, steps=1, lp_steps=2,
+                                             lrs=(1e-3, 1e-1))))
+    assert set(val["scores"]) == {1e-3, 1e-1} and val["lr"] in (1e-3, 1e-1)
+    assert val["scores"][val["lr"]] == max(val["scores"].values())
+    from bpfree.qzoff.experiment import _fewshot_episodes
+    test_eps = _fewshot_episodes("mnist", (5, 6, 7, 8, 9), "test", 3, 5, 5, 15, 0)
+    val_eps = _fewshot_episodes("mnist", (5, 6, 7, 8, 9), "train", 2, 5, 5, 15, 0)
+    assert not any(torch.equal(v.support_x, t.support_x) for v in val_eps for t in test_eps)
+    with pytest.raises(ValueError, match="zero-shot"):
+        run_task(("fewshot_validate", dict(state=state, num_classes=5, kind="mnist",
+                                           classes=(5, 6, 7, 8, 9), method="zero-shot",
+                                           episodes=1, steps=1)))
     state10 = build_backbone(10).state_dict()
     res = ood_task(state10, "contrast", 5,
                    {"Zero-shot": {"method": "zero-shot"}, "BP": {"method": "bp"},
@@ -147,3 +193,39 @@ def test_fewshot_and_ood_tasks_on_mnist():
     assert res["FF m1"]["lr"] == res["FF"]["lr"] == 1e-2
     assert res["BP"]["lr"] in (1e-3, 1e-2)
     assert res["FF"]["forwards"] == 100 * 6 and res["FF m1"]["forwards"] == 100 * 2
+
+
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "qzo_ff.py"
+    spec = importlib.util.spec_from_file_location("qzo_ff_bench_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_findings_helpers():
+    """The benchmark's computed notes: how many few-shot episodes an adaptation changed, and
+    the 8w8a finding with the tensors whose ε quantizes to 0 (from the trainer's warning)."""
+    bench = _bench_module()
+    accs = {"zero-shot": [60.0, 80.0, 70.0], "BP FT": [60.0, 84.0, 70.0],
+            "FF FT": [60.0, 80.0, 70.0]}
+    assert bench.fewshot_changed(accs) == {"BP FT": 1, "FF FT": 0}
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(4, 3))
+    with torch.no_grad():
+        head[0].weight.mul_(100.0)    # Δw = max|w|/127 ≫ 2ε: the matrix cannot be perturbed
+        head[0].bias.fill_(0.1)       # Δw = 0.1/127 < 2ε: ε_q = 1, the bias can
+    x, y = torch.randn(20, 4), torch.arange(20) % 3
+    out = train_head(head, "ff", x, y, epochs=1, batch_size=20, lr=1e-2,
+                     config=ff_config("8w8a", w_headroom=1.0))
+    assert out["eps_underflow"]
+    abl = {"FF fp32": {"accuracy": [80.0, 82.0]}, "FF 16w8a": {"accuracy": [79.0, 79.0]},
+           "FF 8w8a": {"accuracy": [50.0, 52.0], "eps_underflow": out["eps_underflow"]},
+           "FF 8w8a, tight range (headroom 1)": {"accuracy": [78.0, 80.0]}}
+    note = bench.bitwidth_finding(abl)
+    assert "FF fp32 81.00%" in note and "FF 16w8a 79.00%" in note
+    assert "FF 8w8a: 51.00% (tensors with ε_q = 0: ['0.weight'])" in note
+    assert "tight range (headroom 1): 79.00% (tensors with ε_q = 0: none)" in note

@@ -13,8 +13,8 @@ from torch.func import functional_call, jvp, vmap
 
 from bpfree.fewshot import (Episode, base_feature_mean, bp_finetune, evaluate_episodes,
                             feature_function, mean_confidence_interval, protonet_logits,
-                            protonet_predict, sample_episodes, simpleshot_predict,
-                            with_episode_head)
+                            protonet_predict, prototype_temperature, sample_episodes,
+                            simpleshot_predict, with_episode_head)
 from bpfree.models import get_model, mnist_cnn
 from bpfree.models.vit import TinyViT
 from bpfree.training_modes import MODES, apply_mode, trainable_numel, trainable_parameters
@@ -335,3 +335,67 @@ def test_bp_finetune_vit_episode():
     res = evaluate_episodes(None, eps, "head", finetune=lambda e: bp_finetune(
         m, e, "linear-probe", epochs=2, output="logits"))
     assert 0.0 <= res.mean <= 1.0
+
+
+# --------------------------------------------------------------------------- head temperature
+
+def _loo_reference(f: torch.Tensor, y: torch.Tensor, tau: float) -> float:
+    """Leave-one-out ProtoNet cross-entropy at scale tau, written out sample by sample."""
+    total = 0.0
+    for i in range(len(y)):
+        keep = torch.arange(len(y)) != i
+        protos = torch.stack([f[keep & (y == c)].mean(0) for c in range(int(y.max()) + 1)])
+        logits = -tau * ((f[i] - protos) ** 2).sum(1)
+        total += float(-torch.log_softmax(logits, 0)[y[i]])
+    return total / len(y)
+
+
+def test_prototype_temperature_minimises_leave_one_out_loss():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(4).repeat_interleave(3)
+    f = (torch.randn(4, 6, generator=g) * 3)[y] + torch.randn(12, 6, generator=g)
+    f = f.double()
+    tau = prototype_temperature(f, y)
+    # the grid is r / s, s the mean squared distance to the own leave-one-out prototype
+    s = statistics.mean(
+        float(((f[i] - f[(torch.arange(12) != i) & (y == y[i])].mean(0)) ** 2).sum())
+        for i in range(12))
+    grid = [float(v) / s for v in np.logspace(-2, 2, 41)]
+    best = min(grid, key=lambda t: _loo_reference(f, y, t))
+    assert math.isclose(tau, best, rel_tol=1e-9)
+    # scale-equivariant: features x c -> τ / c²
+    assert math.isclose(prototype_temperature(10 * f, y), tau / 100, rel_tol=1e-9)
+    # one shot per class: 1 / mean squared distance between the prototypes
+    y1 = torch.arange(4)
+    f1 = f[::3]
+    d2 = ((f1[:, None] - f1[None]) ** 2).sum(-1)
+    assert math.isclose(prototype_temperature(f1, y1), 1 / float(d2[d2 > 0].mean()),
+                        rel_tol=1e-9)
+    with pytest.raises(ValueError, match="two classes"):
+        prototype_temperature(f[:3], torch.zeros(3, dtype=torch.long))
+
+
+def test_episode_head_temperature():
+    torch.manual_seed(0)
+    m = mnist_cnn().eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(40, 1, 28, 28, generator=g)
+    y = np.repeat(np.arange(4), 10)
+    x += torch.from_numpy(y).float()[:, None, None, None] * 0.3
+    ep = sample_episodes(x, y, range(4), n_way=4, k_shot=3, n_query=2, episodes=1, seed=0)[0]
+    plain = with_episode_head(m, ep)
+    loo = with_episode_head(m, ep, temperature="loo")
+    half = with_episode_head(m, ep, temperature=0.5)
+    tau = prototype_temperature(feature_function(m)(ep.support_x), ep.support_y)
+    torch.testing.assert_close(loo[-1].weight, tau * plain[-1].weight)
+    torch.testing.assert_close(loo[-1].bias, tau * plain[-1].bias)
+    torch.testing.assert_close(half[-1].weight, 0.5 * plain[-1].weight)
+    logits = feature_function(plain, output="logits")
+    assert torch.equal(feature_function(loo, output="logits")(ep.query_x).argmax(1),
+                       logits(ep.query_x).argmax(1))
+    for bad in (0, -1.0, "auto", float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            with_episode_head(m, ep, temperature=bad)
+    fn = bp_finetune(m, ep, "linear-probe", epochs=2, lr=1e-2, temperature="loo",
+                     output="logits")
+    assert fn(ep.query_x).shape == (8, 4)

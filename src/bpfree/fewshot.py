@@ -16,6 +16,8 @@ confidence interval.
 * :func:`mean_confidence_interval` -- mean and 95% half-width over episodes.
 * :func:`evaluate_episodes` -- the loop: (optional per-episode fine-tune) -> features ->
   classifier -> accuracy.
+* :func:`prototype_temperature` -- the logit scale of a prototype-initialised head, chosen
+  by leave-one-out cross-entropy on the support set.
 * :func:`feature_function`, :func:`with_episode_head`, :func:`bp_finetune` -- a frozen
   model's feature function, an episode copy with a temporary N-way head, and the reference
   backprop fine-tune; a forward-gradient fine-tune plugs in the same way (``finetune``
@@ -52,6 +54,7 @@ __all__ = [
     "mean_confidence_interval",
     "protonet_logits",
     "protonet_predict",
+    "prototype_temperature",
     "sample_episodes",
     "simpleshot_predict",
     "with_episode_head",
@@ -371,23 +374,89 @@ def evaluate_episodes(feature_fn: FeatureFn | None, episodes: Sequence[Episode],
 
 # --------------------------------------------------------------------------- fine-tuning
 
+#: Grid of :func:`prototype_temperature`: multiples of ``1 / mean squared distance``.
+TEMPERATURE_GRID = tuple(float(v) for v in np.logspace(-2, 2, 41))
+
+
+def prototype_temperature(feats: Tensor, y: Tensor, *, grid: Sequence[float] = TEMPERATURE_GRID
+                          ) -> float:
+    """Logit scale ``τ`` of a prototype-initialised head, ``τ·(2c_k·f − ||c_k||²)``, chosen
+    from the support set alone.
+
+    ProtoNet's head (``W_k = 2c_k``, ``b_k = -||c_k||²``) scores ``-||f − c_k||²`` up to a
+    per-sample constant, so its logits scale with the squared feature distances: for raw CNN
+    features (``||f||`` ≈ 25) they span hundreds, the support loss is ≈ 0 (or, for a
+    misclassified support image, huge) and fine-tuning from that head barely moves. The
+    argmax does not depend on ``τ``; the loss does. ``τ = r / s`` with ``s`` the mean squared
+    distance of a support feature to its own leave-one-out prototype (the class mean without
+    it) and ``r`` the value of ``grid`` minimising the leave-one-out cross-entropy
+    ``CE(-τ·||f_i − c_{y_i}^{(-i)}||², ...)`` -- an estimate of the query loss that uses no query
+    labels (ties: the smaller ``r``). With one shot per class (no leave-one-out prototype)
+    ``τ = 1 / s'`` with ``s'`` the mean squared distance between the prototypes.
+    """
+    feats = torch.as_tensor(feats).detach().to(torch.float64)
+    y = torch.as_tensor(y)
+    _check_feats(feats, y, feats)
+    labels = torch.unique(y)
+    if len(labels) < 2:
+        raise ValueError("prototype_temperature needs at least two classes")
+    idx = torch.searchsorted(labels, y)
+    counts = torch.bincount(idx, minlength=len(labels)).to(torch.float64)
+    sums = torch.zeros(len(labels), feats.shape[1], dtype=torch.float64).index_add_(0, idx, feats)
+    if int(counts.min()) < 2:
+        protos = sums / counts[:, None]
+        d2 = ((protos[:, None] - protos[None]) ** 2).sum(-1)
+        off = d2[~torch.eye(len(labels), dtype=torch.bool)]
+        s = float(off.mean())
+        return 1.0 / s if s > 0 else 1.0
+    rows = torch.arange(len(y))
+    loo = sums[None].repeat(len(y), 1, 1)                     # [N, C, d]
+    cnt = counts[None].repeat(len(y), 1)
+    loo[rows, idx] -= feats
+    cnt[rows, idx] -= 1
+    loo = loo / cnt[..., None]
+    d2 = ((feats[:, None] - loo) ** 2).sum(-1)                 # [N, C]
+    s = float(d2[rows, idx].mean())
+    if not s > 0:
+        return 1.0
+    best, best_loss = None, math.inf
+    for r in grid:
+        loss = float(nn.functional.cross_entropy(-(r / s) * d2, idx))
+        if loss < best_loss - 1e-12:
+            best, best_loss = r, loss
+    return float(best) / s
+
+
 def _support_features(model: nn.Module, x: Tensor) -> Tensor:
     return FeatureFunction(model, "features")(x)
 
 
+def _check_temperature(temperature):
+    if temperature == "loo":
+        return temperature
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature) or temperature <= 0):
+        raise ValueError(f"temperature must be a finite number > 0 or 'loo', got "
+                         f"{temperature!r}")
+    return float(temperature)
+
+
 def with_episode_head(model: nn.Module, episode: Episode, *,
-                      head_init: str = "prototype") -> nn.Module:
+                      head_init: str = "prototype", temperature: float | str = 1.0
+                      ) -> nn.Module:
     """A deep copy of ``model`` whose head is a fresh ``Linear(d, n_way)`` for ``episode``.
 
     The head is ``model.head`` (or the last layer of an ``nn.Sequential``), which must be an
-    ``nn.Linear``. ``head_init``: ``"prototype"`` (default) sets ``W_k = 2 c_k`` and
-    ``b_k = -||c_k||²`` from the support prototypes ``c_k``, so before any training the head
+    ``nn.Linear``. ``head_init``: ``"prototype"`` (default) sets ``W_k = 2τ c_k`` and
+    ``b_k = -τ||c_k||²`` from the support prototypes ``c_k``, so before any training the head
     ranks classes exactly like ProtoNet (Snell et al. 2017 §2.3; Triantafillou et al. 2020);
     ``"zero"`` zeros it; ``"random"`` keeps ``nn.Linear``'s default init (seeded by the
-    caller's torch RNG).
+    caller's torch RNG). ``temperature`` ``τ`` (prototype init only): a number (1.0: the plain
+    ProtoNet head) or ``"loo"`` for :func:`prototype_temperature` on the support features.
     """
     if head_init not in ("prototype", "zero", "random"):
         raise ValueError(f"head_init must be 'prototype', 'zero' or 'random', got {head_init!r}")
+    temperature = _check_temperature(temperature)
     m = copy.deepcopy(model)
     if isinstance(getattr(m, "head", None), nn.Linear):
         old, setter = m.head, (lambda new: setattr(m, "head", new))
@@ -405,8 +474,10 @@ def with_episode_head(model: nn.Module, episode: Episode, *,
         elif head_init == "prototype":
             feats = _support_features(m, episode.support_x.to(p0.device))
             protos, _ = _centroids(feats, episode.support_y.to(p0.device))
-            head.weight.copy_(2 * protos)
-            head.bias.copy_(-(protos ** 2).sum(1))
+            tau = (prototype_temperature(feats, episode.support_y.to(p0.device))
+                   if temperature == "loo" else temperature)
+            head.weight.copy_(2 * tau * protos)
+            head.bias.copy_(-tau * (protos ** 2).sum(1))
     setter(head)
     return m
 
@@ -414,11 +485,13 @@ def with_episode_head(model: nn.Module, episode: Episode, *,
 def bp_finetune(model: nn.Module, episode: Episode, mode: str = "full", epochs: int = 50,
                 lr: float = 1e-3, *, k: int | None = None, batch_size: int | None = None,
                 weight_decay: float = 0.0, head_init: str = "prototype",
-                output: str = "features", seed: int = 0) -> FeatureFunction:
+                temperature: float | str = 1.0, output: str = "features", seed: int = 0
+                ) -> FeatureFunction:
     """Reference backprop fine-tune on an episode's support set; returns the adapted copy's
     feature function (``.model`` is the copy; ``model`` itself is untouched).
 
-    The copy gets a temporary ``n_way`` linear head (:func:`with_episode_head`); the
+    The copy gets a temporary ``n_way`` linear head (:func:`with_episode_head`, with
+    ``head_init`` and ``temperature``); the
     parameters of ``mode`` (:func:`bpfree.training_modes.apply_mode`, ``k`` for
     ``"last-k"``; the head is trainable in every mode) are trained with AdamW
     (betas 0.9/0.95, as QZO-FF App. C/D) on cross-entropy for ``epochs`` passes over the
@@ -433,7 +506,7 @@ def bp_finetune(model: nn.Module, episode: Episode, mode: str = "full", epochs: 
     epochs = _positive_int("epochs", epochs)
     if not lr > 0:
         raise ValueError(f"lr must be > 0, got {lr!r}")
-    m = with_episode_head(model, episode, head_init=head_init)
+    m = with_episode_head(model, episode, head_init=head_init, temperature=temperature)
     names = set(apply_mode(m, mode, k=k))
     params = [p for n, p in m.named_parameters() if n in names]
     m.eval()

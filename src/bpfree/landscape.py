@@ -496,7 +496,7 @@ def plot_landscape(alphas, betas, losses, trajectories: Mapping[str, np.ndarray]
     ax.set_xlabel(_axis_label(0, explained_variance_ratio))
     ax.set_ylabel(_axis_label(1, explained_variance_ratio))
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)  # long titles otherwise overflow the axes
     ax.legend(loc="best", fontsize=8, framealpha=0.8)
     fig.tight_layout()
     path = Path(path)

@@ -12,6 +12,7 @@
 from .fixed_point import (
     EpsilonUnderflowWarning,
     accumulate_gradient,
+    displaced_weights,
     perturbation_multiplier,
     perturbed_weights,
     quantize_epsilon,
@@ -35,6 +36,7 @@ __all__ = [
     "QZOFFEstimate",
     "QuantizedParams",
     "accumulate_gradient",
+    "displaced_weights",
     "make_mask",
     "make_optimizer",
     "perturbation_multiplier",

@@ -11,11 +11,15 @@ choice, as the paper's ablations use ViT tiny, but it needs several epochs of MN
 too slow for a 10-minute benchmark on 2 CPU cores.)
 
 * :func:`fewshot_chunk` -- QZO-FF §4.1 / Table 2: 5-way 5-shot episodes from held-out classes;
-  per episode zero-shot ProtoNet, BP FT / BP LP (:func:`bpfree.fewshot.bp_finetune`), FF FT,
-  FF LP and FF LP 16w8a (:class:`~bpfree.qzoff.QZOFF` with AdamW, same steps as BP).
+  per episode zero-shot ProtoNet, BP FT / BP LP (:class:`BPAdamW`), FF FT, FF LP and FF LP
+  16w8a (:class:`~bpfree.qzoff.QZOFF` with AdamW), all from the prototype-initialised episode
+  head with its logit scale chosen by leave-one-out support loss
+  (:func:`bpfree.fewshot.prototype_temperature`); :func:`fewshot_validate` chooses each
+  method's learning rate on validation episodes (training images of the held-out classes).
 * :func:`ood_task` -- QZO-FF §4.3 / Table 5: linear probing (one linear decoder, "LP 1 LN") of
-  a pretrained backbone on corrupted digits: zero-shot, BP, FF, FF + 90 % sparse (top-k
-  magnitude mask), FF 16w8a, and optional extra FF variants (bit widths, m).
+  a pretrained backbone on corrupted digits: zero-shot, BP, FF, FF + 90 % sparse (any
+  :class:`~bpfree.qzoff.QZOFFConfig` mask; the benchmark uses a random mask on the weight
+  matrix, biases trainable), FF 16w8a, and optional extra FF variants (bit widths, m).
 * :func:`landscape_task` -- App. E / Fig. 6: BP and FF trajectories of the linear decoder and
   the 2-D loss contours around the final weights (:func:`bpfree.landscape.landscape_figure`).
 
@@ -39,7 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..fewshot import bp_finetune, feature_function, protonet_predict, sample_episodes
+from ..fewshot import (feature_function, protonet_predict, prototype_temperature,
+                       sample_episodes, with_episode_head)
 from ..harness import fit
 from .model import ActivationQuantizer
 from .trainer import QZOFF, QZOFFConfig
@@ -50,6 +55,7 @@ __all__ = [
     "build_backbone",
     "ff_config",
     "fewshot_chunk",
+    "fewshot_validate",
     "frozen_features",
     "landscape_task",
     "load_images",
@@ -171,9 +177,10 @@ def ff_config(precision: str = "fp32", **overrides) -> QZOFFConfig:
 def frozen_features(model: nn.Module, x: torch.Tensor, precision: str = "fp32", *,
                     calibration: torch.Tensor | None = None, batch_size: int = 500
                     ) -> torch.Tensor:
-    """``model[:-1](x)`` (the backbone's features) with the activation arithmetic of ``precision``: float32,
-    float16-rounded (``"fp16"``) or ``a``-bit fake-quantized (``"<w>w<a>a"``) with static
-    ranges calibrated on ``calibration`` (default ``x``). ``model`` is not modified."""
+    """``model[:-1](x)`` (the backbone's features) with the activation arithmetic of
+    ``precision``: float32, float16-rounded (``"fp16"``) or ``a``-bit fake-quantized
+    (``"<w>w<a>a"``) with static ranges calibrated on ``calibration`` (default ``x``).
+    ``model`` is not modified."""
     if precision == "fp32":
         return feature_function(model, batch_size=batch_size)(x)
     m = copy.deepcopy(model[:-1]).eval()
@@ -188,14 +195,20 @@ def frozen_features(model: nn.Module, x: torch.Tensor, precision: str = "fp32", 
     return out
 
 
-def prototype_head(feats: torch.Tensor, y: torch.Tensor, n_way: int) -> nn.Sequential:
-    """``Sequential(Linear(d, n_way))`` with ProtoNet's weights ``W_k = 2c_k``,
-    ``b_k = -||c_k||²`` (as :func:`bpfree.fewshot.with_episode_head`)."""
+def prototype_head(feats: torch.Tensor, y: torch.Tensor, n_way: int,
+                   temperature: float | str = 1.0) -> nn.Sequential:
+    """``Sequential(Linear(d, n_way))`` with ProtoNet's weights ``W_k = 2τc_k``,
+    ``b_k = -τ||c_k||²`` (as :func:`bpfree.fewshot.with_episode_head`). ``temperature`` ``τ``:
+    a number, or ``"loo"`` for :func:`bpfree.fewshot.prototype_temperature` (leave-one-out
+    support loss); the argmax, hence the zero-shot prediction, is the same for every ``τ``."""
     head = nn.Linear(feats.shape[1], n_way)
     with torch.no_grad():
         protos = torch.stack([feats[y == k].mean(0) for k in range(n_way)])
-        head.weight.copy_(2 * protos)
-        head.bias.copy_(-(protos ** 2).sum(1))
+        tau = prototype_temperature(feats, y) if temperature == "loo" else float(temperature)
+        if not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"temperature must be > 0 or 'loo', got {temperature!r}")
+        head.weight.copy_(2 * tau * protos)
+        head.bias.copy_(-tau * (protos ** 2).sum(1))
     return nn.Sequential(head)
 
 
@@ -274,87 +287,146 @@ def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *
 
 #: Rows of the few-shot table, in the paper's order.
 FEWSHOT_METHODS = ("zero-shot", "BP FT", "BP LP", "FF FT", "FF LP", "FF LP 16w8a")
+#: Learning-rate grid of :func:`fewshot_validate` (AdamW; the paper's Table 6 values are not in
+#: the text, which says "different learning rate grids are explored").
+FEWSHOT_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int, m: int,
+                    seed: int, temperature, feats: dict) -> tuple[float, int]:
+    """Query accuracy (%) of one method on one episode, and its per-sample forwards.
+
+    Every trained method starts from the prototype-initialised episode head with logit scale
+    ``temperature`` and takes ``steps`` full-batch steps on the support set with AdamW
+    (betas 0.9 / 0.95, cosine decay to 0, :func:`train_head`): BP FT / FF FT train the whole
+    backbone + head and classify the queries with ProtoNet on the adapted features; BP LP /
+    FF LP train the head on the frozen features and classify with it. ``feats``: a cache of
+    the frozen support / query features per precision, filled on demand."""
+    n_way = ep.n_way
+    n_s = len(ep.support_y)
+    qy = ep.query_y
+
+    def frozen(prec):
+        if prec not in feats:
+            feats[prec] = (frozen_features(backbone, ep.support_x, prec),
+                           frozen_features(backbone, ep.query_x, prec,
+                                           calibration=ep.support_x))
+        return feats[prec]
+
+    def score(pred):
+        return 100.0 * float((pred == qy).float().mean())
+
+    if mth == "zero-shot":
+        fs, fq = frozen("fp32")
+        return score(protonet_predict(fs, ep.support_y, fq)), 0
+    if mth in ("BP FT", "FF FT"):
+        model = with_episode_head(backbone, ep, temperature=temperature)
+        method = "bp" if mth == "BP FT" else "ff"
+        cfg = None if method == "bp" else ff_config("fp32", m=m, seed=seed)
+        out = train_head(model, method, ep.support_x, ep.support_y, epochs=steps,
+                         batch_size=n_s, lr=lr, seed=seed, config=cfg)
+        fn = feature_function(out["model"])
+        return (score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x))),
+                out["forwards"])
+    if mth in ("BP LP", "FF LP", "FF LP 16w8a"):
+        prec = "16w8a" if mth == "FF LP 16w8a" else "fp32"
+        fs, fq = frozen(prec)
+        head = prototype_head(fs, ep.support_y, n_way, temperature)
+        method = "bp" if mth == "BP LP" else "ff"
+        cfg = None if method == "bp" else ff_config(prec, m=m, seed=seed)
+        out = train_head(head, method, fs, ep.support_y, epochs=steps, batch_size=n_s, lr=lr,
+                         seed=seed, config=cfg)
+        return score(out["model"](fq).argmax(1)), out["forwards"]
+    raise ValueError(f"unknown few-shot method {mth!r}; expected one of {FEWSHOT_METHODS}")
+
+
+def _steps_of(mth: str, steps: int, lp_steps: int | None) -> int:
+    return lp_steps if (lp_steps is not None and "LP" in mth) else steps
+
+
+def _fewshot_episodes(kind, classes, split, episodes, n_way, k_shot, n_query, seed):
+    x, y = load_images(kind, split, classes)
+    return sample_episodes(x, y, classes, n_way=n_way, k_shot=k_shot, n_query=n_query,
+                           episodes=episodes, seed=seed)
 
 
 def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes: int,
-                  lo: int, hi: int, steps: int, lr_bp_ft: float, lr_bp_lp: float,
-                  lr_ff_ft: float, lr_ff_lp: float, m: int = 3, n_way: int = 5, k_shot: int = 5,
-                  n_query: int = 15, seed: int = 0, methods=FEWSHOT_METHODS) -> dict:
-    """Episodes ``lo..hi-1`` of ``episodes`` 5-way 5-shot test episodes drawn from the test
+                  lo: int, hi: int, steps: int, lrs: dict, lp_steps: int | None = None,
+                  m: int = 3, n_way: int = 5, k_shot: int = 5, n_query: int = 15,
+                  seed: int = 0, temperature: float | str = "loo", split: str = "test",
+                  methods=FEWSHOT_METHODS) -> dict:
+    """Episodes ``lo..hi-1`` of ``episodes`` 5-way 5-shot episodes drawn from the ``split``
     images of ``kind`` restricted to ``classes`` (:func:`bpfree.fewshot.sample_episodes` with
-    ``seed``, so chunks of the same draw agree). Per episode and method, ``steps`` full-batch
-    steps on the 25 support images (BP: AdamW; FF: QZO-FF sign-m-SPSA with AdamW, fp32 or
-    16w8a), then the queries are classified: ProtoNet on the (fine-tuned) backbone features
-    for zero-shot / FT, the fine-tuned prototype-initialised episode head for LP.
+    ``seed``, so chunks of the same draw agree). Per episode and method
+    (:data:`FEWSHOT_METHODS`): zero-shot ProtoNet, or ``steps`` (FT; ``lp_steps``, default
+    ``steps``, for the LP rows) full-batch AdamW steps on the
+    25 support images from the prototype-initialised episode head (logit scale
+    ``temperature``, default the leave-one-out choice of
+    :func:`bpfree.fewshot.prototype_temperature`) at the rate ``lrs[method]`` -- BP, or FF
+    (QZO-FF sign-m-SPSA, fp32 or 16w8a) -- then the queries are classified: ProtoNet on the
+    adapted backbone features for FT, the trained head for LP.
 
     Returns ``{"accuracies": {method: [per-episode %]}, "seconds": {method: s},
-    "forwards": {method: per-sample forwards per episode}}``.
+    "forwards": {method: per-sample forwards per episode}, "lrs"}``.
     """
     torch.set_num_threads(1)
-    x, y = load_images(kind, "test", classes)
-    eps_all = sample_episodes(x, y, classes, n_way=n_way, k_shot=k_shot, n_query=n_query,
-                              episodes=episodes, seed=seed)
+    missing = [mth for mth in methods if mth != "zero-shot" and mth not in lrs]
+    if missing:
+        raise ValueError(f"lrs has no learning rate for {missing}")
+    eps_all = _fewshot_episodes(kind, classes, split, episodes, n_way, k_shot, n_query, seed)
     backbone = build_backbone(num_classes, state)
     accs = {mth: [] for mth in methods}
     secs = dict.fromkeys(methods, 0.0)
     fw = dict.fromkeys(methods, 0)
-    n_s = n_way * k_shot
     for e_i in range(lo, hi):
         ep = eps_all[e_i]
-        qy = ep.query_y
-
-        def score(pred):
-            return 100.0 * float((pred == qy).float().mean())
-
-        fs = fq = None
+        feats: dict = {}
         for mth in methods:
             t0 = time.perf_counter()
-            if mth in ("zero-shot", "FF LP") and fs is None:
-                fs = frozen_features(backbone, ep.support_x)
-                fq = frozen_features(backbone, ep.query_x)
-            if mth == "zero-shot":
-                acc = score(protonet_predict(fs, ep.support_y, fq))
-            elif mth == "BP FT":
-                fn = bp_finetune(backbone, ep, "full", epochs=steps, lr=lr_bp_ft, seed=e_i)
-                acc = score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x)))
-                fw[mth] = steps * n_s
-            elif mth == "BP LP":
-                fn = bp_finetune(backbone, ep, "linear-probe", epochs=steps, lr=lr_bp_lp,
-                                 output="logits", seed=e_i)
-                acc = score(fn(ep.query_x).argmax(1))
-                fw[mth] = steps * n_s
-            elif mth == "FF FT":
-                from ..fewshot import with_episode_head
-
-                model = with_episode_head(backbone, ep)
-                for p in model.parameters():
-                    p.requires_grad_(True)
-                ff = QZOFF(model, ff_config("fp32", m=m, seed=seed + e_i))
-                for t in range(steps):
-                    ff.step(ep.support_x, ep.support_y, lr_ff_ft)
-                ff.acts.remove()
-                fn = feature_function(model)
-                acc = score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x)))
-                fw[mth] = ff.forwards
-            elif mth in ("FF LP", "FF LP 16w8a"):
-                prec = "fp32" if mth == "FF LP" else "16w8a"
-                if prec == "fp32":
-                    s, q = fs, fq
-                else:
-                    s = frozen_features(backbone, ep.support_x, prec)
-                    q = frozen_features(backbone, ep.query_x, prec,
-                                        calibration=ep.support_x)
-                head = prototype_head(s, ep.support_y, n_way)
-                out = train_head(head, "ff", s, ep.support_y, epochs=steps, batch_size=n_s,
-                                 lr=lr_ff_lp, seed=seed + e_i,
-                                 config=ff_config(prec, m=m, seed=seed + e_i))
-                acc = score(out["model"](q).argmax(1))
-                fw[mth] = out["forwards"]
-            else:
-                raise ValueError(f"unknown few-shot method {mth!r}")
+            acc, fw[mth] = _fewshot_method(mth, backbone, ep, lr=lrs.get(mth, 0.0),
+                                           steps=_steps_of(mth, steps, lp_steps), m=m,
+                                           seed=seed + e_i,
+                                           temperature=temperature, feats=feats)
             secs[mth] += time.perf_counter() - t0
             accs[mth].append(acc)
-    return {"accuracies": accs, "seconds": secs, "forwards": fw, "lo": lo, "hi": hi}
+    return {"accuracies": accs, "seconds": secs, "forwards": fw, "lo": lo, "hi": hi,
+            "lrs": {k: v for k, v in lrs.items() if k in methods}}
+
+
+def fewshot_validate(state: dict, num_classes: int, kind: str, classes, *, method: str,
+                     episodes: int, steps: int, lrs=FEWSHOT_LRS, lp_steps: int | None = None,
+                     m: int = 3, n_way: int = 5,
+                     k_shot: int = 5, n_query: int = 15, seed: int = 0,
+                     temperature: float | str = "loo", split: str = "train") -> dict:
+    """Learning-rate selection for one few-shot method on ``episodes`` *validation* episodes:
+    drawn from the ``split`` (default training) images of the held-out ``classes`` -- images
+    that neither pretraining (other classes) nor the test episodes (test split) use. Each rate
+    of ``lrs`` runs ``method`` on every validation episode (as :func:`fewshot_chunk`, with
+    ``steps`` / ``lp_steps``); the
+    chosen rate has the best mean query accuracy (ties: the smaller rate).
+
+    Returns ``{"method", "lr", "scores": {lr: mean %}, "zero_shot": mean %, "episodes"}``.
+    """
+    torch.set_num_threads(1)
+    if method == "zero-shot":
+        raise ValueError("zero-shot has no learning rate to select")
+    eps_all = _fewshot_episodes(kind, classes, split, episodes, n_way, k_shot, n_query, seed)
+    backbone = build_backbone(num_classes, state)
+    steps = _steps_of(method, steps, lp_steps)
+    scores = {float(lr): [] for lr in lrs}
+    zero = []
+    for e_i, ep in enumerate(eps_all):
+        feats: dict = {}
+        zero.append(_fewshot_method("zero-shot", backbone, ep, lr=0.0, steps=steps, m=m,
+                                    seed=seed + e_i, temperature=temperature, feats=feats)[0])
+        for lr in scores:
+            scores[lr].append(_fewshot_method(method, backbone, ep, lr=lr, steps=steps, m=m,
+                                              seed=seed + e_i, temperature=temperature,
+                                              feats=feats)[0])
+    means = {lr: float(np.mean(v)) for lr, v in scores.items()}
+    best = max(means, key=lambda r: (means[r], -r))
+    return {"method": method, "lr": best, "scores": means, "zero_shot": float(np.mean(zero)),
+            "episodes": episodes}
 
 
 # --------------------------------------------------------------------------- OOD (§4.3)
@@ -523,8 +595,8 @@ def landscape_task(state: dict, corruption: str, severity: int, runs: dict, path
 
 # --------------------------------------------------------------------------- pool entry
 
-TASKS = {"pretrain": pretrain, "fewshot": fewshot_chunk, "ood": ood_task,
-         "landscape": landscape_task}
+TASKS = {"pretrain": pretrain, "fewshot": fewshot_chunk, "fewshot_validate": fewshot_validate,
+         "ood": ood_task, "landscape": landscape_task}
 
 
 def run_task(task: tuple[str, dict]) -> dict:

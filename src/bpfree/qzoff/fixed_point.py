@@ -35,6 +35,7 @@ __all__ = [
     "EpsilonUnderflowWarning",
     "accumulate_gradient",
     "check_accumulator",
+    "displaced_weights",
     "perturbation_multiplier",
     "perturbed_weights",
     "qmax",
@@ -178,6 +179,29 @@ def perturbed_weights(w_q: torch.Tensor, z_q: torch.Tensor, eps_q, one_q: int,
     return saturate(out, bits).to(torch.int32)
 
 
+def displaced_weights(w_q: torch.Tensor, z_q: torch.Tensor, rho_q, multiplier: int,
+                      shift: int, bits: int) -> torch.Tensor:
+    """``sat_b(w_q + MBQM(ρ_q·z_q, m, k))``: the weights moved by ``ρ·z`` in weight codes, with
+    ``m/2**k ≈ Δz`` (Eq. 6's multiplier) applied to the displacement only.
+
+    This is the sharpness-aware centre of §3.4 in the quantized space. It is *not* Eq. 6
+    (:func:`perturbed_weights`): Eq. 6 re-quantizes ``w_q·1_q`` as well, which maps ``w_q`` to
+    ``≈ Δz·1_q·w_q`` (0.992·w_q for the defaults); the ε-probes then go through Eq. 6 from
+    this centre, and a centre that had been through Eq. 6 already would be shrunk twice
+    (0.992² ≈ 0.984·w_q) while the plain probes see 0.992·w_q. Here the centre keeps ``w_q``
+    exactly and moves by ``⌊ρ_q·z_q·Δz⌉ ≈ ρ·z/Δw`` codes, the float centre ``w + ρz``.
+    ``rho_q``: an int or a per-channel ``[C]`` tensor (dim 0 of ``w_q``), like ``eps_q``.
+    """
+    rho = torch.as_tensor(rho_q, dtype=torch.int64, device=w_q.device)
+    if rho.dim() == 1:
+        rho = _channel_view(rho, w_q.dim())
+    acc = rho * z_q.to(torch.int64)
+    if bool((acc.abs() > INT32_MAX).any()):
+        raise OverflowError("ρ_q·z_q overflows the int32 accumulator")
+    step = multiply_by_quantized_multiplier(acc, multiplier, shift)
+    return saturate(w_q.to(torch.int64) + step.to(torch.int64), bits).to(torch.int32)
+
+
 def accumulate_gradient(signs, codes) -> torch.Tensor:
     """Algorithm 1 line 10: ``g_q^a = Σ_i sign(l+ − l−)_i · z_q,i`` as an int32 tensor.
 
@@ -219,9 +243,18 @@ def quantized_update(w_q: torch.Tensor, g_acc: torch.Tensor, multiplier, shift, 
     ``w_q ← sat_b(w_q − w̄_q)``.
 
     ``multiplier``/``shift``: 0-d (per tensor) or ``[C]`` (per channel along dim 0). ``mask``
-    (bool, ``w_q``'s shape) zeroes ``w̄_q`` outside the trainable subset (sparse update).
-    Returns ``(new w_q, w̄_q)`` as int32.
+    (bool, exactly ``w_q``'s shape: a broadcastable mask is refused, ValueError) zeroes
+    ``w̄_q`` outside the trainable subset (sparse update). Returns ``(new w_q, w̄_q)`` as
+    int32.
     """
+    if tuple(g_acc.shape) != tuple(w_q.shape):
+        raise ValueError(f"gradient accumulator has shape {tuple(g_acc.shape)}, but the weights "
+                         f"have shape {tuple(w_q.shape)}")
+    if mask is not None and (not isinstance(mask, torch.Tensor)
+                             or tuple(mask.shape) != tuple(w_q.shape)):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"sparse-update mask has shape {got}, but the weights have shape "
+                         f"{tuple(w_q.shape)}; a mask must match its weight tensor exactly")
     mult = torch.as_tensor(multiplier, dtype=torch.int64)
     sh = torch.as_tensor(shift, dtype=torch.int64)
     if mult.dim() == 1 and w_q.dim() >= 1:

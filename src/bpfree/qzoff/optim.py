@@ -34,6 +34,8 @@ class FloatOptimizer:
         for label, v in (("beta1", b1), ("beta2", b2)):
             if not (math.isfinite(v) and 0.0 <= v < 1.0):
                 raise ValueError(f"AdamW {label} must be in [0, 1), got {v}")
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"AdamW eps must be a finite number > 0, got {eps}")
         if not (math.isfinite(weight_decay) and weight_decay >= 0):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         self.name = name

@@ -3,6 +3,7 @@
 One step (Algorithm 1, with the §3.4 enhancements as options)::
 
     [sharpness-aware]  u ~ N(0, I); s_a = sign(L(w + εu) − L(w − εu)); centre c = w + s_a·ρ·u
+                       (quantized: c_q = w_q + ⌊s_a·ρ_q·u_q·Δz⌉, not Eq. 6 -- see _perturb)
     for i in 1..m:     z_i (plain seeded Gaussian, or momentum-guided), masked if sparse
                        s_i = sign(L(c + ε z_i) − L(c − ε z_i))          two forwards
                        g^a += s_i z_i                       (integer in quantized mode)
@@ -95,6 +96,10 @@ class QZOFFConfig:
         sharpness_rho: radius ρ of the sharpness-aware ascent step (0 disables it).
         sparse: ``None``, ``"topk"``, ``"random"`` or ``"threshold"`` mask from the initial
             weights, keeping ``1 − sparsity`` (or ``|w| > threshold``).
+        sparse_scope: which trained tensors get a mask: ``"all"`` (default: every tensor,
+            biases included) or ``"weights"`` (only weight matrices / kernels, ``dim >= 2``;
+            biases, norm scales and other 1-D tensors stay fully trainable, as weight pruning
+            -- GraSP, DeepZero's ZO-GraSP that QZO-FF §4.3 uses -- prunes weights only).
         kernel_norm: kernel-wise normalization (Eq. 9) of each tensor's estimate.
         optimizer: ``"sgd"``, ``"momentum"`` or ``"adamw"`` (+ ``momentum``, ``betas``,
             ``weight_decay``, ``adam_eps``).
@@ -127,6 +132,7 @@ class QZOFFConfig:
     beta_warmup: int = 0
     sharpness_rho: float = 0.0
     sparse: str | None = None
+    sparse_scope: str = "all"
     sparsity: float = 0.9
     threshold: float | None = None
     kernel_norm: bool = False
@@ -147,16 +153,23 @@ class QZOFFConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         quantization_scale(self.z_bits, self.z_max)  # z_max > 0, z_bits in [2, 16]
-        if not 2 <= self.w_bits <= 24:
-            raise ValueError(f"w_bits must be in [2, 24], got {self.w_bits}")
+        if (isinstance(self.w_bits, bool) or not isinstance(self.w_bits, int)
+                or not 2 <= self.w_bits <= 24):
+            raise ValueError(f"w_bits must be an int in [2, 24], got {self.w_bits!r}")
         if self.sampling not in ("gaussian", "momentum"):
             raise ValueError(f"sampling must be 'gaussian' or 'momentum', got {self.sampling!r}")
         _finite(self.sharpness_rho, "sharpness_rho", 0.0)
         if self.sparse not in (None, "topk", "random", "threshold"):
             raise ValueError(f"unknown sparse mask method {self.sparse!r}; use 'topk', "
                              "'random' or 'threshold'")
+        if self.sparse_scope not in ("all", "weights"):
+            raise ValueError(f"sparse_scope must be 'all' or 'weights', got "
+                             f"{self.sparse_scope!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; use one of {OPTIMIZERS}")
+        # checked here, not only when the trainer builds its optimizer: a config is also
+        # passed around (pickled to workers, shown in results) before any trainer exists
+        _finite(self.adam_eps, "AdamW eps (adam_eps)", 0.0, strict=True)
 
 
 @dataclass
@@ -267,6 +280,7 @@ class QZOFF:
             return [None] * len(self.params)
         return [make_mask(c.sparse, p.detach(), sparsity=c.sparsity, threshold=c.threshold,
                           seed=derive_seed(c.seed, k))
+                if c.sparse_scope == "all" or p.dim() >= 2 else None
                 for k, p in enumerate(self.params)]
 
     def _round(self, w: torch.Tensor) -> torch.Tensor:
@@ -316,12 +330,20 @@ class QZOFF:
         return [z if mk is None else z * mk.to(z.dtype) for z, mk in zip(zs, self.masks)]
 
     def _perturb(self, center, zs, sign: int, radius: str = "eps"):
-        """``center ± ε z`` (or ``± ρ z``): Eq. 6 in quantized mode, float add otherwise."""
+        """``center ± ε z`` (or ``± ρ z``): Eq. 6 in quantized mode, float add otherwise.
+
+        The sharpness-aware centre (``radius="rho"``) is the displacement only
+        (:func:`~bpfree.qzoff.fixed_point.displaced_weights`), not Eq. 6: the ε-probes around
+        it go through Eq. 6, so its ``Δz·1_q`` factor is applied once, as for the plain
+        probes (an Eq. 6 centre would shrink the weights twice, by 0.992² instead of 0.992)."""
         if self.quantized:
-            rads = self.eps_q if radius == "eps" else self.rho_q
+            if radius == "rho":
+                return [fxp.displaced_weights(w, z, sign * r, self.pmult, self.pshift,
+                                              self.config.w_bits)
+                        for w, z, r in zip(center, zs, self.rho_q)]
             return [fxp.perturbed_weights(w, z, sign * r, self.one_q, self.pmult, self.pshift,
                                           self.config.w_bits)
-                    for w, z, r in zip(center, zs, rads)]
+                    for w, z, r in zip(center, zs, self.eps_q)]
         rad = self.config.eps if radius == "eps" else self.config.sharpness_rho
         return [self._round(w + (sign * rad) * z) for w, z in zip(center, zs)]
 
