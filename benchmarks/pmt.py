@@ -53,7 +53,10 @@ PAPER_TABLE7 = {
     "fp32-bp": dict(gaussian_noise=73.89, shot_noise=72.44, impulse_noise=76.78,
                     defocus_blur=81.00, motion_blur=78.44, fog=82.67, brightness=86.67,
                     contrast=86.33, elastic_transform=76.44),
-    "int8-bp": dict(gaussian_noise=44.33, shot_noise=37.78, impulse_noise=41.55,
+    # The paper's INT8 FullTrain is plain BP on the real-quantized model, without MCUTrain's
+    # QAS (§4.2: "remarkable accuracy drop due to the difficulty of handling a real-quantized
+    # model in BP"), so its numbers sit beside our no-QAS row.
+    "int8-bp-noqas": dict(gaussian_noise=44.33, shot_noise=37.78, impulse_noise=41.55,
                     defocus_blur=65.11, motion_blur=42.78, fog=34.22, brightness=73.00,
                     contrast=20.27, elastic_transform=77.78),
     "int8-sparse-bp": dict(gaussian_noise=61.78, shot_noise=63.67, impulse_noise=55.55,
@@ -71,6 +74,7 @@ LABELS = {
     "no-adaptation": "No adaptation (INT8)",
     "fp32-bp": "FullTrain BP, FP32",
     "int8-bp": "FullTrain BP, INT8 (STE + QAS)",
+    "int8-bp-noqas": "FullTrain BP, INT8 (STE, no QAS)",
     "int8-sparse-bp": "Sparse BP, INT8 (selected block)",
     "mezo": "MeZO (model-wise WP, GNS+QAS)",
     "deepzero": "DeepZero (CGE, random sparsity)",
@@ -78,6 +82,7 @@ LABELS = {
     "pmt-sparse": "PMT sparse (adaptive block)",
 }
 MEMORY_RULE = {"no-adaptation": "inference", "fp32-bp": "bp", "int8-bp": "bp-int8",
+               "int8-bp-noqas": "bp-int8",
                "int8-sparse-bp": "sparse-bp", "mezo": "mezo", "deepzero": "cge",
                "pmt-dense": "pmt", "pmt-sparse": "pmt-sparse"}
 
@@ -173,7 +178,7 @@ def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
     import numpy as np
 
     methods = list(acc)
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     width = 0.8 / len(methods)
     xs = np.arange(len(corruptions))
     for i, m in enumerate(methods):
@@ -181,7 +186,10 @@ def _plot_accuracy(acc: dict, corruptions, path: Path) -> str:
     ax.set_xticks(xs + 0.4 - width / 2)
     ax.set_xticklabels([c.replace("_", " ") for c in corruptions], fontsize=8)
     ax.set_ylabel("test accuracy (%)")
-    ax.legend(fontsize=6, ncol=2)
+    # Below the axes: inside, the legend hides the bars of the high-accuracy corruptions.
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12),
+              frameon=False)
+    ax.set_ylim(0, 100)
     ax.grid(axis="y", alpha=0.3)
     return str(save_figure(fig, path, ROOT))
 
@@ -190,7 +198,7 @@ def run(quick: bool):
     from bpfree.data import corrupt, load_mnist
     from bpfree.pmt import PMTConfig, accuracy, find_layers
     from bpfree.pmt.diagnostic import plot_cosines
-    from bpfree.pmt.experiment import run_task
+    from bpfree.pmt.experiment import BP_METHODS, run_task
     from bpfree.quant import quantize_model
 
     cfg = _settings(quick)
@@ -335,6 +343,7 @@ def run(quick: bool):
     noise_pmt = max(statistics.mean(acc[m][c] for c in NOISE)
                     for m in ("pmt-dense", "pmt-sparse"))
     noise_bp = statistics.mean(acc["int8-bp"][c] for c in NOISE)
+    noise_bp_noqas = statistics.mean(acc["int8-bp-noqas"][c] for c in NOISE)
     extra = {
         "figures": figures,
         "float_clean_accuracy": float_acc,
@@ -346,11 +355,12 @@ def run(quick: bool):
         "workers": workers,
         "selection": {c: results[("adapt", c)]["selection"] for c in cfg["corruptions"]},
         "bp_learning_rates": {c: {m: results[("adapt", c)][m]["extra"].get("lr")
-                                  for m in ("fp32-bp", "int8-bp", "int8-sparse-bp")}
+                                  for m in BP_METHODS}
                               for c in cfg["corruptions"]},
         "cosine": cos,
         # Margins, not booleans: a claim that holds by a fraction of a point is a tie.
         "best_pmt_minus_int8_bp_on_noise_points": noise_pmt - noise_bp,
+        "best_pmt_minus_int8_bp_noqas_on_noise_points": noise_pmt - noise_bp_noqas,
         "adaptive_minus_mezo_at_equal_forwards_points": (
             acc["pmt-dense"]["gaussian_noise"] - acc["mezo"]["gaussian_noise"]),
         "total_seconds": time.perf_counter() - t_start,
@@ -364,6 +374,10 @@ def run(quick: bool):
             "backward pass); PMT sparse includes its four block-selection trials",
             "BP learning rates are chosen per task on a held-out fifth of the training data "
             "from setup.bp_lrs; PMT / MeZO use setup.lr with GNS and QAS; DeepZero cge_lr",
+            "two INT8 FullTrain rows: STE + QAS (MCUTrain's scaling, a strong baseline) and STE "
+            "without QAS, the plain real-quantized BP whose accuracy drop PMT §4.2 reports; the "
+            "paper's INT8 FullTrain numbers sit beside the no-QAS row. Margins of the best PMT "
+            "row over each, mean of the noise corruptions, in extra",
             "estimator ablations (model-wise WP, layer-wise WP / NP, adaptive) also try lr/5 and "
             "keep the rate with the lower final training loss, as Fig. 7 right selects the best "
             "rate per method; at PMT's rate, layer-wise NP everywhere diverges on this model",

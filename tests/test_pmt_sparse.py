@@ -9,7 +9,7 @@ from bpfree.models import mnist_mobilenet
 from bpfree.pmt import PMTConfig, PMTTrainer, find_layers
 from bpfree.pmt.diagnostic import SCHEMES, bp_gradients, gradient_cosines, plot_cosines, \
     zo_gradients
-from bpfree.pmt.experiment import Setup, adapt
+from bpfree.pmt.experiment import METHODS, Setup, adapt
 from bpfree.pmt.sparse import block, holdout_split, select_block, split_blocks
 from bpfree.quant import quantize_model
 
@@ -118,6 +118,7 @@ def test_adapt_runs_every_method_with_budget_accounting(models):
     assert out["pmt-sparse"].forwards == out["selection"]["forwards"] + out["pmt-sparse"].forwards \
         - out["pmt-sparse"].extra["selection_forwards"]
     assert out["int8-sparse-bp"].extra["block"] == out["selection"]["chosen"]
+    assert set(METHODS) <= set(out)
     with pytest.raises(ValueError, match="unknown method"):
         Setup(methods=("pmt",))
 
@@ -132,6 +133,7 @@ def test_benchmark_maps_every_integer_layer_to_its_float_module(models):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     float_model, qmodel, x, _ = models
+    assert set(METHODS) <= set(bench.LABELS) and set(METHODS) <= set(bench.MEMORY_RULE)
     for layer in find_layers(qmodel, x):
         module = float_model.get_submodule(bench._qname_to_float(layer.name))
         assert tuple(module.weight.shape) == tuple(layer.module.weight.shape)

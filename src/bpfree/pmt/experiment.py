@@ -32,8 +32,12 @@ from ..harness import accuracy, fit
 from .sparse import holdout_split, select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 
-METHODS = ("no-adaptation", "fp32-bp", "int8-bp", "int8-sparse-bp", "mezo", "deepzero",
-           "pmt-dense", "pmt-sparse")
+#: ``int8-bp`` trains the fake-quant twin with QAS (MCUTrain's fix for real-quantized BP);
+#: ``int8-bp-noqas`` without it, the plain INT8 FullTrain whose "remarkable accuracy drop"
+#: PMT §4.2 reports.
+METHODS = ("no-adaptation", "fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "mezo",
+           "deepzero", "pmt-dense", "pmt-sparse")
+BP_METHODS = ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp")
 
 
 @dataclass(frozen=True)
@@ -124,8 +128,8 @@ def _bp_maker(name: str, float_model: nn.Module, qmodel: nn.Module, selection):
             f = copy.deepcopy(float_model)
             return FullTrainFP32(f), f
         q = copy.deepcopy(qmodel)
-        if name == "int8-bp":
-            return FullTrainINT8(q, qas=True), q
+        if name in ("int8-bp", "int8-bp-noqas"):
+            return FullTrainINT8(q, qas=name == "int8-bp"), q
         return SparseBP(q, trainable=selection.blocks[selection.chosen - 1], qas=True), q
     return make
 
@@ -155,7 +159,7 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
         q = copy.deepcopy(qmodel)
         if name == "no-adaptation":
             out[name] = MethodResult(accuracy(q, *test), 0, 0.0)
-        elif name in ("fp32-bp", "int8-bp", "int8-sparse-bp"):
+        elif name in BP_METHODS:
             make = _bp_maker(name, float_model, qmodel, selection)
             t0 = time.perf_counter()
             lr, scores = pick_bp_lr(make, x, y, setup)
