@@ -294,3 +294,12 @@ def test_generate_docs_missing_folder_is_a_clear_error(tmp_path):
 )
 def test_format_number(value, metric, expected):
     assert docs.format_number(value, metric) == expected
+
+
+def test_load_module_imports_a_benchmark_file_and_names_the_known_ones(tmp_path):
+    from bpfree.bench.runner import load_module
+
+    (tmp_path / "tiny.py").write_text("NAME = 'tiny'\nVALUE = 3\n")
+    assert load_module("tiny", tmp_path).VALUE == 3
+    with pytest.raises(FileNotFoundError, match="files there: tiny"):
+        load_module("absent", tmp_path)

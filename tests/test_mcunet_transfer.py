@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
+from bpfree.models.mcunet import default_model_dir
 from bpfree.pmt.transfer import (HEAD, TransferSetup, backbone_features, float_names,
                                  head_model, init_head, prepare_images, with_head)
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "shared" / "models" / "mcunet-in1-int8"
+MODEL_DIR = default_model_dir()  # $BPFREE_MODELS or ../shared/models
 needs_model = pytest.mark.skipif(not (MODEL_DIR / "graph.json").exists(),
-                                 reason=f"MCUNet-in1 int8 model not found at {MODEL_DIR}")
+                                 reason=f"MCUNet-in1 int8 model not found at {MODEL_DIR} "
+                                        "(set BPFREE_MODELS)")
 
 
 def test_prepare_images_shape_and_offset():
@@ -29,6 +29,9 @@ def test_setup_validation():
         TransferSetup(head_init="svm")
     with pytest.raises(ValueError):
         TransferSetup(queries=0)
+    for bad in (dict(block_lr=0.0), dict(lr=float("nan")), dict(lr=-0.1)):
+        with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+            TransferSetup(**bad)
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +83,9 @@ def test_with_head_pmt_step_and_names(base):
 
 
 def test_benchmark_module_loads():
-    import importlib.util
+    from bpfree.bench.runner import load_module
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mcunet.py"
-    spec = importlib.util.spec_from_file_location("bench_mcunet", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module("mcunet")
     assert mod.NAME == "mcunet" and callable(mod.run)
     assert mod._setup(True).train_images <= 500
 

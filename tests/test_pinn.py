@@ -354,14 +354,9 @@ def test_zo_training_with_fd_and_stein_mc(backend):
 # -- benchmark (bpfree bench pinn) ------------------------------------------------------------
 
 def _pinn_bench():
-    import importlib.util
-    from pathlib import Path
+    from bpfree.bench.runner import load_module
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pinn.py"
-    spec = importlib.util.spec_from_file_location("bench_pinn_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_module("pinn")
 
 
 def _tiny_config(bench, quick=True, config=None):

@@ -125,13 +125,9 @@ def test_adapt_runs_every_method_with_budget_accounting(models):
 
 def test_benchmark_maps_every_integer_layer_to_its_float_module(models):
     """bench pmt accounts memory on the float graph: the name map must hit the right convs."""
-    import importlib.util
-    from pathlib import Path
+    from bpfree.bench.runner import load_module
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "pmt.py"
-    spec = importlib.util.spec_from_file_location("bench_pmt_under_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_module("pmt")
     float_model, qmodel, x, _ = models
     assert set(METHODS) <= set(bench.LABELS) and set(METHODS) <= set(bench.MEMORY_RULE)
     for layer in find_layers(qmodel, x):

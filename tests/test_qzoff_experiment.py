@@ -196,14 +196,9 @@ def test_fewshot_and_ood_tasks_on_mnist():
 
 
 def _bench_module():
-    import importlib.util
-    from pathlib import Path
+    from bpfree.bench.runner import load_module
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "qzo_ff.py"
-    spec = importlib.util.spec_from_file_location("qzo_ff_bench_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module("qzo_ff")
 
 
 def test_bench_findings_helpers():

@@ -451,14 +451,9 @@ def test_tinyfoa_is_a_registered_memory_method():
 
 # -- benchmark plumbing: MIT-BIH jobs and the Fig. 4 epoch scaling ------------------------
 def _bench_module():
-    import importlib.util
-    from pathlib import Path
+    from bpfree.bench.runner import load_module
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tinyfoa.py"
-    spec = importlib.util.spec_from_file_location("bench_tinyfoa_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module("tinyfoa")
 
 
 def test_bench_slices_ablation_scales_epochs_with_slices_in_full_mode_only():

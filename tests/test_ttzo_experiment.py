@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
 
+from bpfree.bench.runner import load_module
 from bpfree.data import mnist_files
 from bpfree.data.paths import require_data_root
 from bpfree.tt import tt_mlp_num_parameters
@@ -16,7 +15,6 @@ from bpfree.ttzo import queries_to_accuracy
 from bpfree.ttzo.experiment import (DENSE_PARAMS, compression_ratio, make_method, make_model,
                                     run_task)
 
-ROOT = Path(__file__).resolve().parent.parent
 MNIST_FILES = mnist_files("train") + mnist_files("test")
 TINY = dict(n_train=256, n_val=128, epochs=2, max_steps_per_epoch=2, batch_size=32)
 
@@ -81,9 +79,7 @@ def test_queries_lower_bound_log():
 
 
 def test_benchmark_task_plan():
-    spec = importlib.util.spec_from_file_location("tt_zo_bench", ROOT / "benchmarks" / "tt_zo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module("tt_zo")
     assert mod.NAME == "tt-zo"
     for quick in (True, False):
         tasks = mod._tasks(mod._settings(quick), "cpu")
@@ -96,9 +92,7 @@ def test_benchmark_task_plan():
 
 
 def test_full_mode_keeps_the_paper_learning_rate():
-    spec = importlib.util.spec_from_file_location("tt_zo_bench", ROOT / "benchmarks" / "tt_zo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module("tt_zo")
     full = mod._tasks(mod._settings(False), "cpu")
     assert {t["lr"] for t in full.values()} == {1e-3}          # §5.1
     quick = mod._tasks(mod._settings(True), "cpu")

@@ -126,6 +126,17 @@ def _import_file(path: Path):
     return module
 
 
+def load_module(stem: str, directory: str | os.PathLike | None = None):
+    """The benchmark module ``<directory>/<stem>.py`` itself (default :func:`benchmarks_dir`),
+    imported afresh, for tests of a benchmark's own helpers and settings."""
+    folder = Path(directory) if directory is not None else benchmarks_dir()
+    path = folder / f"{stem}.py"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.py"))) or "(none)"
+        raise FileNotFoundError(f"no benchmark file {path}; files there: {known}")
+    return _import_file(path)
+
+
 def _describe_module(path: Path, module) -> BenchmarkInfo:
     """Check a module's attributes against the contract and turn them into a registry entry."""
     name = getattr(module, "NAME", None)
