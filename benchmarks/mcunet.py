@@ -46,8 +46,8 @@ def _setup(quick: bool):
         return TransferSetup(train_images=200, test_images=300, queries=2, epochs=1,
                              head_epochs=20, batch_size=50, bp_lrs=(1e-3, 1e-2),
                              fp32_lrs=(1e-2,), head_init="means", dense=False, seed=SEED)
-    # Full run (not run yet; ~1 h estimated from the quick run's timings on 2 CPU cores). CPU
-    # only: the int8 kernels run on the CPU here. PMT dense is the largest cost.
+    # Full run: 698 s on 2 idle CPU cores (results/mcunet.json). CPU only: the int8 kernels
+    # run on the CPU here. PMT dense is the largest cost.
     return TransferSetup(train_images=500, test_images=2000, queries=4, epochs=2,
                          head_epochs=50, batch_size=50, bp_lrs=(3e-4, 1e-3, 3e-3, 1e-2),
                          fp32_lrs=(1e-3, 3e-3, 1e-2), head_init="means", dense=True, seed=SEED)

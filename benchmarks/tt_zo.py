@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 
 from bpfree.plotting import pyplot, save_figure
-from bpfree.bench.parallel import default_workers, run_keyed
+from bpfree.bench.parallel import default_workers, pool_device, run_keyed
 
 NAME = "tt-zo"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -362,10 +362,7 @@ def run(quick: bool):
         "full_run": not quick,
     }
     if not use_cuda:
-        torch.set_num_threads(1)
-        extra["device"] = (f"{describe_device('cpu').rsplit(',', 1)[0]}, "
-                           f"{workers} worker processes x 1 thread")
-        torch.set_num_threads(default_workers())
+        extra["device"] = pool_device(workers)
     else:
         extra["device"] = describe_device("cuda")
     return rows, extra

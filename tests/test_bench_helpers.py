@@ -40,3 +40,10 @@ def test_save_figure_writes_a_png_and_returns_the_relative_path(tmp_path):
     assert str(rel) == "sub/f.png"
     assert (tmp_path / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not plt.get_fignums()          # closed, so long benchmarks do not leak figures
+
+
+def test_pool_device_names_the_worker_layout():
+    from bpfree.bench.environment import cpu_model
+    from bpfree.bench.parallel import pool_device
+
+    assert pool_device(2) == f"cpu: {cpu_model()}, 2 worker processes x 1 thread"

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from bpfree.harness import check_batch, check_learning_rate, cosine_lr, fit
+from bpfree.harness import (check_batch, check_learning_rate, cosine_lr, fit, holdout_split,
+                            pick_lr)
 
 
 class _Recorder:
@@ -56,3 +57,42 @@ def test_check_batch_and_fit_argument_errors():
     with pytest.raises(ValueError, match="schedule must be"):
         fit(_Recorder(), torch.zeros(2, 1), torch.zeros(2), epochs=1, batch_size=1, lr=0.1,
             schedule="step")
+
+
+class _RateModel(torch.nn.Module):
+    """Predicts class 1 once it has seen a learning rate of at least ``good``; a rate above
+    ``bad`` makes the loss non-finite (a diverging run)."""
+
+    def __init__(self, good: float, bad: float):
+        super().__init__()
+        self.good, self.bad, self.lr = good, bad, 0.0
+
+    def step(self, x, y, lr):
+        self.lr = max(self.lr, lr)
+        return {"loss": math.inf if lr > self.bad else 1.0}
+
+    def forward(self, x):
+        logits = torch.zeros(x.shape[0], 2)
+        logits[:, 1 if self.lr >= self.good else 0] = 1.0
+        return logits
+
+
+def test_pick_lr_scores_on_held_out_data_and_drops_diverging_rates():
+    x, y = torch.zeros(20, 3), torch.ones(20, dtype=torch.long)
+    made = []
+
+    def make():
+        made.append(_RateModel(good=0.1, bad=0.5))
+        made[-1].forwards = 0
+        return made[-1], made[-1]
+
+    best, scores = pick_lr(make, x, y, (0.01, 0.1, 0.3, 1.0), epochs=1, batch_size=5)
+    # 0.1 and 0.3 both score 100 on the held-out fifth: the smaller wins; 1.0 diverged.
+    assert best == 0.1 and scores == {0.01: 0.0, 0.1: 100.0, 0.3: 100.0, 1.0: -1.0}
+    assert len(made) == 4
+    assert pick_lr(make, x, y, (0.3,), epochs=1, batch_size=5) == (0.3, {})
+    assert len(made) == 4  # a single rate trains nothing
+    with pytest.raises(ValueError, match="at least one"):
+        pick_lr(make, x, y, (), epochs=1, batch_size=5)
+    train, held = holdout_split(20, 0.2, seed=0)
+    assert len(held) == 4 and not set(train.tolist()) & set(held.tolist())

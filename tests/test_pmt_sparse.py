@@ -108,8 +108,12 @@ def test_gradient_cosines_table_and_plot(models, tmp_path):
 
 def test_adapt_runs_every_method_with_budget_accounting(models):
     float_model, qmodel, x, y = models
-    setup = Setup(queries=1, epochs=1, batch_size=32)
+    setup = Setup(queries=1, epochs=1, batch_size=32, pmt_lrs=(0.05, 0.1))
     out = adapt(float_model, qmodel, (x, y), (x, y), setup)
+    for name in ("pmt-dense", "pmt-sparse"):  # rates chosen on held-out data, as BP's are
+        extra = out[name].extra
+        assert set(extra["lr_holdout_accuracy"]) == {0.05, 0.1}
+        assert extra["lr"] == max((0.05, 0.1), key=lambda r: (extra["lr_holdout_accuracy"][r], -r))
     layers = len(find_layers(qmodel, x))
     budget = 64 * (1 + layers * 1)
     assert out["pmt-dense"].forwards == budget
@@ -121,6 +125,8 @@ def test_adapt_runs_every_method_with_budget_accounting(models):
     assert set(METHODS) <= set(out)
     with pytest.raises(ValueError, match="unknown method"):
         Setup(methods=("pmt",))
+    with pytest.raises(ValueError, match="pmt_lrs"):
+        Setup(pmt_lrs=())
 
 
 def test_benchmark_maps_every_integer_layer_to_its_float_module(models):

@@ -112,3 +112,43 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     for lo in range(0, x.shape[0], batch_size):
         correct += int((model(x[lo:lo + batch_size]).argmax(-1) == y[lo:lo + batch_size]).sum())
     return 100.0 * correct / max(x.shape[0], 1)
+
+
+def holdout_split(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train indices, held-out indices) of ``n`` samples, a seeded shuffle."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"holdout fraction must lie in (0, 1), got {fraction}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    k = max(1, int(round(n * fraction)))
+    return perm[k:], perm[:k]
+
+
+def pick_lr(make: Callable[[], tuple[Method, torch.nn.Module]], x: torch.Tensor,
+            y: torch.Tensor, rates, *, epochs: int, batch_size: int, seed: int = 0,
+            holdout: float = 0.2,
+            evaluate: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], float] = accuracy
+            ) -> tuple[float, dict[float, float]]:
+    """The rate of ``rates`` whose run scores best on a held-out part of the training data.
+
+    Each candidate trains a fresh ``make() -> (method, model)`` for ``epochs`` on the other
+    part and is scored by ``evaluate`` (default: accuracy) on the held-out part, never on test
+    data; a run whose loss turns non-finite scores -1. Ties go to the smaller rate. A single
+    rate is returned without training (empty scores).
+    """
+    rates = tuple(rates)
+    if not rates:
+        raise ValueError("rates must hold at least one learning rate")
+    if len(rates) == 1:
+        return rates[0], {}
+    train_idx, held_idx = holdout_split(x.shape[0], holdout, seed)
+    scores: dict[float, float] = {}
+    for lr in rates:
+        method, model = make()
+        try:
+            fit(method, x[train_idx], y[train_idx], epochs=epochs, batch_size=batch_size,
+                lr=lr, seed=seed)
+            scores[lr] = evaluate(model, x[held_idx], y[held_idx])
+        except FloatingPointError:
+            scores[lr] = -1.0
+    best = max(rates, key=lambda r: (scores[r], -r))
+    return best, scores

@@ -52,3 +52,12 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
         for fut in cf.as_completed(futures):
             results[futures[fut]] = fut.result()
     return results
+
+
+def pool_device(workers: int) -> str:
+    """The ``device`` line of a benchmark whose work ran in ``workers`` single-thread
+    processes: the CPU model and the real layout (the parent's own thread count says
+    nothing about it)."""
+    from .environment import cpu_model
+
+    return f"cpu: {cpu_model()}, {workers} worker processes x 1 thread"

@@ -11,10 +11,12 @@ coordinates per step); PMT sparse spends its block-selection trials plus ``epoch
 the chosen block; BP methods train ``epochs`` epochs (their forward count is N per step, plus
 a backward pass the forward count does not show).
 
-Learning rates: PMT and MeZO share ``lr`` (both with GNS and QAS, so one global rate serves
-every layer, §3.1.2); DeepZero uses ``cge_lr``; each BP method picks its rate from ``bp_lrs``
-on a held-out fifth of the training data (:func:`pick_bp_lr`), because un-normalised BP
-gradients on heavily corrupted inputs need a task-dependent rate.
+Learning rates: each BP method picks its rate from ``bp_lrs`` on a held-out fifth of the
+training data (:func:`pick_lr`), because un-normalised BP gradients on heavily corrupted
+inputs need a task-dependent rate. PMT dense and sparse pick theirs the same way from
+``pmt_lrs`` (default: ``lr`` alone; GNS and QAS make one global rate serve every layer,
+§3.1.2, but the best rate still moves with the task). MeZO uses ``lr``, DeepZero ``cge_lr``.
+The rate searches are not counted in the forward passes, for BP and PMT alike.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import torch
 from torch import nn
 
 from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
-from ..harness import accuracy, fit
-from .sparse import holdout_split, select_block, split_blocks
+from ..harness import accuracy, fit, pick_lr
+from .sparse import select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 
 #: ``int8-bp`` trains the fake-quant twin with QAS (MCUTrain's fix for real-quantized BP);
@@ -50,6 +52,7 @@ class Setup:
     lr: float = 0.1
     cge_lr: float = 0.05
     bp_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+    pmt_lrs: tuple[float, ...] | None = None
     seed: int = 0
     methods: tuple[str, ...] = METHODS
     curve_points: int = 60
@@ -60,10 +63,17 @@ class Setup:
             raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
         if self.queries < 1 or self.epochs < 1 or self.batch_size < 1:
             raise ValueError("queries, epochs and batch_size must be >= 1")
-        rates = (self.lr, self.cge_lr, *self.bp_lrs)
-        if not self.bp_lrs or not all(math.isfinite(r) and r > 0 for r in rates):
-            raise ValueError(f"learning rates must be finite and > 0 (and bp_lrs non-empty), "
-                             f"got lr={self.lr}, cge_lr={self.cge_lr}, bp_lrs={self.bp_lrs}")
+        rates = (self.lr, self.cge_lr, *self.bp_lrs, *(self.pmt_lrs or ()))
+        if not self.bp_lrs or self.pmt_lrs == () or not all(
+                math.isfinite(r) and r > 0 for r in rates):
+            raise ValueError(f"learning rates must be finite and > 0 (and bp_lrs, pmt_lrs "
+                             f"non-empty), got lr={self.lr}, cge_lr={self.cge_lr}, "
+                             f"bp_lrs={self.bp_lrs}, pmt_lrs={self.pmt_lrs}")
+
+    @property
+    def pmt_rates(self) -> tuple[float, ...]:
+        """The PMT rates to choose from: ``pmt_lrs``, or ``(lr,)``."""
+        return tuple(self.pmt_lrs) if self.pmt_lrs else (self.lr,)
 
 
 @dataclass
@@ -97,24 +107,6 @@ def _train(method, x, y, setup: Setup, epochs: int, lr: float, model, test) -> M
     loss, fw = _thin(hist, setup.curve_points)
     return MethodResult(accuracy(model, *test), method.forwards, time.perf_counter() - t0,
                         loss, fw)
-
-
-def pick_bp_lr(make, x, y, setup: Setup) -> tuple[float, dict[float, float]]:
-    """The BP learning rate of ``setup.bp_lrs`` with the best held-out accuracy.
-
-    BP's gradients are not normalised like PMT's (GNS), so its rate depends on the task; it is
-    chosen per task on a held-out 20% of the training data (never on the test set).
-    ``make()`` returns ``(method, model)`` on fresh copies.
-    """
-    train_idx, held_idx = holdout_split(x.shape[0], 0.2, setup.seed)
-    scores = {}
-    for lr in setup.bp_lrs:
-        method, model = make()
-        fit(method, x[train_idx], y[train_idx], epochs=setup.epochs,
-            batch_size=setup.batch_size, lr=lr, seed=setup.seed)
-        scores[lr] = accuracy(model, x[held_idx], y[held_idx])
-    best = max(setup.bp_lrs, key=lambda r: (scores[r], -r))
-    return best, scores
 
 
 def pmt_dense_forwards(num_layers: int, setup: Setup, n_train: int) -> int:
@@ -162,7 +154,8 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
         elif name in BP_METHODS:
             make = _bp_maker(name, float_model, qmodel, selection)
             t0 = time.perf_counter()
-            lr, scores = pick_bp_lr(make, x, y, setup)
+            lr, scores = pick_lr(make, x, y, setup.bp_lrs, epochs=setup.epochs,
+                                  batch_size=setup.batch_size, seed=setup.seed)
             tuning = time.perf_counter() - t0
             method, model = make()
             out[name] = _train(method, x, y, setup, setup.epochs, lr, model, test)
@@ -182,13 +175,22 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
             method = DeepZeroCGE(q, example, coordinates=k, seed=setup.seed, qas=True)
             out[name] = _train(method, x, y, setup, setup.epochs, setup.cge_lr, q, test)
             out[name].extra = {"coordinates_per_step": k}
-        elif name == "pmt-dense":
-            out[name] = _train(pmt(q), x, y, setup, setup.epochs, setup.lr, q, test)
-        elif name == "pmt-sparse":
-            chosen = selection.blocks[selection.chosen - 1]
-            res = _train(pmt(q, chosen), x, y, setup, setup.epochs, setup.lr, q, test)
-            res.forwards += selection.forwards  # the trials are part of the cost (§3.3.1)
-            res.extra = {"block": selection.chosen, "selection_forwards": selection.forwards}
+        elif name in ("pmt-dense", "pmt-sparse"):
+            chosen = selection.blocks[selection.chosen - 1] if name == "pmt-sparse" else None
+
+            def make(chosen=chosen):
+                m = copy.deepcopy(qmodel)
+                return pmt(m, chosen), m
+
+            t0 = time.perf_counter()
+            lr, scores = pick_lr(make, x, y, setup.pmt_rates, epochs=setup.epochs,
+                                  batch_size=setup.batch_size, seed=setup.seed)
+            tuning = time.perf_counter() - t0
+            res = _train(pmt(q, chosen), x, y, setup, setup.epochs, lr, q, test)
+            res.extra = {"lr": lr, "lr_holdout_accuracy": scores, "lr_search_seconds": tuning}
+            if name == "pmt-sparse":
+                res.forwards += selection.forwards  # the trials are part of the cost (§3.3.1)
+                res.extra.update(block=selection.chosen, selection_forwards=selection.forwards)
             out[name] = res
     return out
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .graph import TrainableLayer
-from ..harness import accuracy, fit
+from ..harness import accuracy, fit, holdout_split
 
 
 def split_blocks(layers: list[TrainableLayer], num_blocks: int = 4) -> list[list[str]]:
@@ -74,15 +74,6 @@ class BlockSelection:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def holdout_split(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train indices, held-out indices), a seeded shuffle."""
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"holdout fraction must lie in (0, 1), got {fraction}")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    k = max(1, int(round(n * fraction)))
-    return perm[k:], perm[:k]
 
 
 def select_block(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,

@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .baselines import FullTrainFP32, SparseBP
-from ..harness import accuracy, fit
-from .sparse import holdout_split, select_block, split_blocks
+from ..harness import accuracy, fit, holdout_split, pick_lr
+from .sparse import select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 
 __all__ = ["TransferSetup", "prepare_images", "load_digits", "backbone_features", "init_head",
@@ -267,25 +267,6 @@ def _result(acc: float, forwards: int, seconds: float, **extra) -> dict:
             "extra": extra}
 
 
-def _pick_lr(make, x, y, lrs, setup: TransferSetup, evaluate) -> tuple[float, dict]:
-    """Learning rate with the best held-out accuracy (a fifth of the training images; ``make``
-    must start from a model whose head did not see them)."""
-    if len(lrs) == 1:
-        return lrs[0], {}
-    tr, ho = holdout_split(x.shape[0], HOLDOUT, setup.seed)
-    scores = {}
-    for lr in lrs:
-        method, model = make()
-        try:
-            fit(method, x[tr], y[tr], epochs=setup.epochs, batch_size=setup.batch_size, lr=lr,
-                seed=setup.seed)
-            scores[lr] = evaluate(model, x[ho], y[ho])
-        except FloatingPointError:
-            scores[lr] = -1.0
-    best = max(lrs, key=lambda r: (scores[r], -r))
-    return best, scores
-
-
 def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root=None,
                   methods=METHODS) -> dict:
     """Every method of ``methods`` on one dataset; returns ``{method: result dict}`` plus
@@ -305,7 +286,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
     head, head_info = init_head(feat_q, ftr, ytr, 10, method=setup.head_init)
     model0 = with_head(base, head)
     # Block selection and the BP learning-rate picks score on a held-out fifth of the training
-    # images (the split of select_block / _pick_lr). They start from a head fitted on the
+    # images (the split of select_block / pick_lr). They start from a head fitted on the
     # other four fifths only: a head fitted on the held-out images too would score them far
     # above unseen data (92.5% held-out vs 74% test on the quick MNIST run), and every trial
     # would measure a gain of zero against that ceiling.
@@ -374,7 +355,8 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
             q = copy.deepcopy(start)
             return SparseBP(q, trainable=chosen, qas=True), q
 
-        lr, scores = _pick_lr(make_bp, xtr, ytr, setup.bp_lrs, setup, accuracy)
+        lr, scores = pick_lr(make_bp, xtr, ytr, setup.bp_lrs, epochs=setup.epochs,
+                             batch_size=setup.batch_size, seed=setup.seed, holdout=HOLDOUT)
         method, q = make_bp(model0)
         hist = fit(method, xtr, ytr, epochs=setup.epochs, batch_size=setup.batch_size, lr=lr,
                    seed=setup.seed)
@@ -390,7 +372,8 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
             twin = float_graph(copy.deepcopy(start))
             return FullTrainFP32(twin), twin
 
-        lr, scores = _pick_lr(make_fp32, xtr_f, ytr, setup.fp32_lrs, setup, accuracy)
+        lr, scores = pick_lr(make_fp32, xtr_f, ytr, setup.fp32_lrs, epochs=setup.epochs,
+                             batch_size=setup.batch_size, seed=setup.seed, holdout=HOLDOUT)
         method, twin = make_fp32(model0)
         hist = fit(method, xtr_f, ytr, epochs=setup.epochs, batch_size=setup.batch_size, lr=lr,
                    seed=setup.seed)
