@@ -297,7 +297,7 @@ def test_missing_files_are_named_and_nothing_is_downloaded(tmp_path, monkeypatch
         load_mitdb_beats(tmp_path, records=names)
     msg = str(info.value)
     assert f"{names[0]}.atr" in msg and "root=" in msg and "never downloads" in msg
-    monkeypatch.setattr("bpfree.data.mitdb.candidate_roots", lambda kind: [tmp_path / "none"])
+    monkeypatch.setattr("bpfree.data.paths.candidate_roots", lambda kind: [tmp_path / "none"])
     with pytest.raises(FileNotFoundError, match="BPFREE_DATA"):
         load_mitdb_beats()
 

@@ -125,15 +125,13 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, tor
 
 def pick_lr(make: Callable[[], tuple[Method, torch.nn.Module]], x: torch.Tensor,
             y: torch.Tensor, rates, *, epochs: int, batch_size: int, seed: int = 0,
-            holdout: float = 0.2,
-            evaluate: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], float] = accuracy
-            ) -> tuple[float, dict[float, float]]:
+            holdout: float = 0.2) -> tuple[float, dict[float, float]]:
     """The rate of ``rates`` whose run scores best on a held-out part of the training data.
 
     Each candidate trains a fresh ``make() -> (method, model)`` for ``epochs`` on the other
-    part and is scored by ``evaluate`` (default: accuracy) on the held-out part, never on test
-    data; a run whose loss turns non-finite scores -1. Ties go to the smaller rate. A single
-    rate is returned without training (empty scores).
+    part and is scored by its :func:`accuracy` on the held-out part, never on test data; a
+    run whose loss turns non-finite scores -1. Ties go to the smaller rate. A single rate is
+    returned without training (empty scores).
     """
     rates = tuple(rates)
     if not rates:
@@ -147,7 +145,7 @@ def pick_lr(make: Callable[[], tuple[Method, torch.nn.Module]], x: torch.Tensor,
         try:
             fit(method, x[train_idx], y[train_idx], epochs=epochs, batch_size=batch_size,
                 lr=lr, seed=seed)
-            scores[lr] = evaluate(model, x[held_idx], y[held_idx])
+            scores[lr] = accuracy(model, x[held_idx], y[held_idx])
         except FloatingPointError:
             scores[lr] = -1.0
     best = max(rates, key=lambda r: (scores[r], -r))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .paths import DATA_ENV_VAR, candidate_roots
+from .paths import DATA_ENV_VAR, candidate_roots, default_data_root
 
 __all__ = [
     "AAMI_CLASSES", "AAMI_MAP", "ANNOTATION_CODES", "MITDB_RECORDS", "MitdbBeats", "MitdbError",
@@ -301,23 +301,25 @@ _NORMALIZE = ("beat", "mv")
 
 
 def _find_root(root, records) -> Path:
-    needed = [f"{r}.{ext}" for r in records for ext in ("hea", "dat", "atr")]
-    roots = [Path(root).expanduser()] if root is not None else candidate_roots("mitdb")
-    for folder in roots:
-        if folder.is_dir() and all((folder / n).is_file() for n in needed):
-            return folder
-    tried = ", ".join(str(r) for r in roots)
-    if root is not None:
-        missing = [n for n in needed if not (roots[0] / n).is_file()]
+    needed = tuple(f"{r}.{ext}" for r in records for ext in ("hea", "dat", "atr"))
+    if root is None:
+        folder = default_data_root("mitdb", needed)
+        if folder is None:
+            tried = ", ".join(str(r) for r in candidate_roots("mitdb"))
+            raise FileNotFoundError(f"MIT-BIH records not found (tried {tried}; each must hold "
+                                    f"NNN.hea/.dat/.atr for {len(records)} records); bpfree "
+                                    f"never downloads data: pass root= or set {DATA_ENV_VAR} "
+                                    "to a folder with a mitdb/ subfolder")
+        return folder
+    folder = Path(root).expanduser()
+    missing = [n for n in needed if not (folder / n).is_file()]
+    if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6
                                           else "")
-        raise FileNotFoundError(f"MIT-BIH files missing in {roots[0]}: {shown}; bpfree never "
+        raise FileNotFoundError(f"MIT-BIH files missing in {folder}: {shown}; bpfree never "
                                 "downloads data: pass root= a folder holding the mitdb "
                                 "records (NNN.hea, NNN.dat, NNN.atr)")
-    raise FileNotFoundError(f"MIT-BIH records not found (tried {tried}; each must hold "
-                            f"NNN.hea/.dat/.atr for {len(records)} records); bpfree never "
-                            f"downloads data: pass root= or set {DATA_ENV_VAR} to a folder "
-                            "with a mitdb/ subfolder")
+    return folder
 
 
 def load_mitdb_beats(root: str | os.PathLike | None = None, *,

@@ -834,7 +834,6 @@ def pmt_modes(model: nn.Module | ModelProfile, trainable: Any = None, *,
             for i in _trainable_layer_indices(profile, trainable_set)}
 
 
-
 @dataclass(frozen=True)
 class LayerMemory:
     """Per-layer memory of one layer for N samples (:func:`layer_memory`); bytes unless noted.
@@ -850,9 +849,9 @@ class LayerMemory:
     - ``pmt_peak_bytes``: PMT's activation peak while this layer's gradient is estimated
       (Algorithm 1; 0 for a frozen layer); the max over layers minus the inference peak is
       ``pmt``'s ``saved_activations``;
-    - ``pmt_grad_bytes``: PMT's gradient buffer ∇θ^(i) for this layer (trainable weight +
-      bias at :data:`GRAD_BYTES`); the max over layers is ``pmt``'s ``gradient_buffers``
-      (one buffer, reused layer by layer; for NP layers it is the NP gradient buffer);
+    - ``pmt_grad_bytes``: PMT's gradient buffer ∇θ^(i) for this layer at :data:`GRAD_BYTES`
+      (trainable weight + bias for NP, weights only for WP); the max over layers is
+      ``pmt``'s ``gradient_buffers`` (one buffer, reused layer by layer);
     - ``macs``: multiply-accumulates of one forward of the layer for N samples.
     """
 
@@ -898,6 +897,7 @@ def layer_memory(model: nn.Module | ModelProfile, *, batch_size: int | None = No
             macs=n * layer.macs,
         ))
     return out
+
 
 # ---------------------------------------------------------------------------------------
 # QZO-FF (Feng et al., NeurIPS 2024) App. B, Figures 3 / 4: scratch vs weight memory of

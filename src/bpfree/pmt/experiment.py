@@ -109,6 +109,15 @@ def _train(method, x, y, setup: Setup, epochs: int, lr: float, model, test) -> M
                         loss, fw)
 
 
+def _search_lr(make, x, y, setup: Setup, rates) -> tuple[float, dict]:
+    """:func:`bpfree.harness.pick_lr` over ``rates``, timed: (rate, the result's ``extra``)."""
+    t0 = time.perf_counter()
+    lr, scores = pick_lr(make, x, y, rates, epochs=setup.epochs, batch_size=setup.batch_size,
+                         seed=setup.seed)
+    return lr, {"lr": lr, "lr_holdout_accuracy": scores,
+                "lr_search_seconds": time.perf_counter() - t0}
+
+
 def pmt_dense_forwards(num_layers: int, setup: Setup, n_train: int) -> int:
     """Forward passes of PMT dense: per step N (clean) + L*Q*N, over all steps."""
     return setup.epochs * n_train * (1 + num_layers * setup.queries)
@@ -153,14 +162,10 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
             out[name] = MethodResult(accuracy(q, *test), 0, 0.0)
         elif name in BP_METHODS:
             make = _bp_maker(name, float_model, qmodel, selection)
-            t0 = time.perf_counter()
-            lr, scores = pick_lr(make, x, y, setup.bp_lrs, epochs=setup.epochs,
-                                  batch_size=setup.batch_size, seed=setup.seed)
-            tuning = time.perf_counter() - t0
+            lr, search = _search_lr(make, x, y, setup, setup.bp_lrs)
             method, model = make()
             out[name] = _train(method, x, y, setup, setup.epochs, lr, model, test)
-            out[name].extra = {"lr": lr, "lr_holdout_accuracy": scores,
-                               "lr_search_seconds": tuning}
+            out[name].extra = search
             if name == "int8-sparse-bp":
                 out[name].extra["block"] = selection.chosen
         elif name == "mezo":
@@ -182,12 +187,9 @@ def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, 
                 m = copy.deepcopy(qmodel)
                 return pmt(m, chosen), m
 
-            t0 = time.perf_counter()
-            lr, scores = pick_lr(make, x, y, setup.pmt_rates, epochs=setup.epochs,
-                                  batch_size=setup.batch_size, seed=setup.seed)
-            tuning = time.perf_counter() - t0
+            lr, search = _search_lr(make, x, y, setup, setup.pmt_rates)
             res = _train(pmt(q, chosen), x, y, setup, setup.epochs, lr, q, test)
-            res.extra = {"lr": lr, "lr_holdout_accuracy": scores, "lr_search_seconds": tuning}
+            res.extra = search
             if name == "pmt-sparse":
                 res.forwards += selection.forwards  # the trials are part of the cost (§3.3.1)
                 res.extra.update(block=selection.chosen, selection_forwards=selection.forwards)

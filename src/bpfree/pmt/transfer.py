@@ -31,9 +31,8 @@ process-pool entry point returning plain dicts.
 
 from __future__ import annotations
 
-import math
-
 import copy
+import math
 import time
 from dataclasses import asdict, dataclass
 

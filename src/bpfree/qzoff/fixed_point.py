@@ -155,6 +155,14 @@ def check_accumulator(w_bits: int, z_bits: int, one_q: int, eps_q: torch.Tensor 
         raise ValueError(f"m={m} directions of {z_bits}-bit codes overflow int32")
 
 
+def _radius_times_codes(radius_q, z_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """``r_q·z_q`` in int64, ``r_q`` an int or per channel ``[C]`` (dim 0 of ``w_q``)."""
+    r = torch.as_tensor(radius_q, dtype=torch.int64, device=w_q.device)
+    if r.dim() == 1:
+        r = _channel_view(r, w_q.dim())
+    return r * z_q.to(torch.int64)
+
+
 def perturbed_weights(w_q: torch.Tensor, z_q: torch.Tensor, eps_q, one_q: int,
                       multiplier: int, shift: int, bits: int) -> torch.Tensor:
     """QZO-FF Eq. 6 / Algorithm 1 ``PerturbParameters`` / Appendix A Eq. 10.
@@ -169,10 +177,7 @@ def perturbed_weights(w_q: torch.Tensor, z_q: torch.Tensor, eps_q, one_q: int,
     instead of chaining the in-place perturb / reset of Algorithm 1 lines 7, 8 and 11, which
     would shrink the weights by that factor on every call.
     """
-    eps = torch.as_tensor(eps_q, dtype=torch.int64, device=w_q.device)
-    if eps.dim() == 1:
-        eps = _channel_view(eps, w_q.dim())
-    acc = w_q.to(torch.int64) * int(one_q) + eps * z_q.to(torch.int64)
+    acc = w_q.to(torch.int64) * int(one_q) + _radius_times_codes(eps_q, z_q, w_q)
     if bool((acc.abs() > INT32_MAX).any()):
         raise OverflowError("Eq. 6 accumulator overflows int32; see check_accumulator")
     out = multiply_by_quantized_multiplier(acc, multiplier, shift)
@@ -192,10 +197,7 @@ def displaced_weights(w_q: torch.Tensor, z_q: torch.Tensor, rho_q, multiplier: i
     exactly and moves by ``⌊ρ_q·z_q·Δz⌉ ≈ ρ·z/Δw`` codes, the float centre ``w + ρz``.
     ``rho_q``: an int or a per-channel ``[C]`` tensor (dim 0 of ``w_q``), like ``eps_q``.
     """
-    rho = torch.as_tensor(rho_q, dtype=torch.int64, device=w_q.device)
-    if rho.dim() == 1:
-        rho = _channel_view(rho, w_q.dim())
-    acc = rho * z_q.to(torch.int64)
+    acc = _radius_times_codes(rho_q, z_q, w_q)
     if bool((acc.abs() > INT32_MAX).any()):
         raise OverflowError("ρ_q·z_q overflows the int32 accumulator")
     step = multiply_by_quantized_multiplier(acc, multiplier, shift)

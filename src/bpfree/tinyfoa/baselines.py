@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .binary import BinaryLinear, LocallyConnected2d, act, act_ste_mask, sign, weight_ste_mask
-from .local import check_slices
+from .local import check_batch, check_slices
 from .variants import Variant, parse_variant
 
 __all__ = ["BP", "DRTP", "FF", "PEPITA", "make_method"]
@@ -108,17 +108,8 @@ class _Baseline:
             layer.bias[bidx] -= lr * db[bidx]
 
     def _check_labels(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Clear errors for a batch the network cannot take (sizes, label range)."""
-        if x.dim() < 1 or x[0].numel() != self.sizes[0]:
-            raise ValueError(f"each input must have {self.sizes[0]} values (the first "
-                             f"layer's input size), got shape {tuple(x.shape)}")
-        if y.dim() != 1 or y.shape[0] != x.shape[0]:
-            raise ValueError(f"labels must be one class index per input: expected shape "
-                             f"({x.shape[0]},), got {tuple(y.shape)}")
-        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes):
-            raise ValueError(f"labels must lie in [0, {self.n_classes}) for a "
-                             f"{self.n_classes}-class network, got "
-                             f"[{int(y.min())}, {int(y.max())}]")
+        check_batch(x, y, self.sizes[0], self.n_classes,
+                    f"for a {self.n_classes}-class network")
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,21 @@ from .variants import Variant, parse_variant
 __all__ = ["FlashStore", "SlicedFC", "SlicedLC", "TinyFoA", "check_slices"]
 
 
+def check_batch(x: torch.Tensor, y: torch.Tensor, in_features: int, n_classes: int,
+                labels_for: str) -> None:
+    """Clear errors for a batch a network cannot take: inputs of ``in_features`` values, one
+    label per input, labels in ``[0, n_classes)`` (``labels_for`` says what they must fit)."""
+    if x.dim() < 1 or x[0].numel() != in_features:
+        raise ValueError(f"each input must have {in_features} values (the first "
+                         f"layer's input size), got shape {tuple(x.shape)}")
+    if y.dim() != 1 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"labels must be one class index per input: expected shape "
+                         f"({x.shape[0]},), got {tuple(y.shape)}")
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise ValueError(f"labels must lie in [0, {n_classes}) {labels_for}, got "
+                         f"[{int(y.min())}, {int(y.max())}]")
+
+
 def check_slices(m: int, sizes: dict[str, int]) -> int:
     """Validate the slice count ``m`` against named sizes it must divide; returns ``m``."""
     if isinstance(m, bool) or not isinstance(m, int):
@@ -319,21 +334,9 @@ class TinyFoA:
             return first.in_channels * first.in_size ** 2
         return first.in_features
 
-    def _check_batch(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Clear errors for a batch the network cannot take (sizes, label range)."""
-        if x.dim() < 1 or x[0].numel() != self.in_features:
-            raise ValueError(f"each input must have {self.in_features} values (the first "
-                             f"layer's input size), got shape {tuple(x.shape)}")
-        if y.dim() != 1 or y.shape[0] != x.shape[0]:
-            raise ValueError(f"labels must be one class index per input: expected shape "
-                             f"({x.shape[0]},), got {tuple(y.shape)}")
-        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes):
-            raise ValueError(f"labels must lie in [0, {self.n_classes}) to match the "
-                             f"{self.n_classes}-class auxiliary classifiers, got "
-                             f"[{int(y.min())}, {int(y.max())}]")
-
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        self._check_batch(x, y)
+        check_batch(x, y, self.in_features, self.n_classes,
+                    f"to match the {self.n_classes}-class auxiliary classifiers")
         ba = self.variant.binary_activations
         h = x.reshape(x.shape[0], -1)
         onehot = F.one_hot(y, self.n_classes).to(h.dtype)
