@@ -15,6 +15,7 @@ from bpfree.data.corruptions import (
     DEFAULT_TABLE,
     SEVERITIES,
     TABLES,
+    apply_corruption,
     corrupt,
     list_corruptions,
     preview_grid,
@@ -77,14 +78,35 @@ def damage(name: str, clean: np.ndarray, out: np.ndarray) -> float:
 # --- registry -----------------------------------------------------------------------------------
 
 
+# The tables with all five severities; "pmt-mnist" is calibrated at severity 5 only.
+FULL_TABLES = tuple(t for t in TABLES if t != "pmt-mnist")
+
+
 def test_registry_lists_the_required_corruptions():
-    for table in TABLES:
+    for table in FULL_TABLES:
         assert set(REQUIRED) <= set(list_corruptions(table))
     assert len(ALL) == len(CORRUPTIONS) >= 15
     assert "saturate" in ALL and "saturate" not in GRAY
     assert "rotate" in list_corruptions("mnist-c") and "rotate" not in list_corruptions("cifar10-c")
     with pytest.raises(TypeError):
         CORRUPTIONS["mine"] = CORRUPTIONS["fog"]  # read-only
+
+
+def test_pmt_mnist_table_defines_severity_five_of_the_papers_ten_corruptions():
+    assert set(list_corruptions("pmt-mnist")) == {
+        "gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "defocus_blur",
+        "motion_blur", "fog", "brightness", "contrast", "elastic_transform"}
+    with pytest.raises(ValueError, match="severity \\[5\\] only"):
+        corrupt(np.zeros((1, 12, 12), np.uint8), "fog", 3, table="pmt-mnist")
+    with pytest.raises(ValueError, match="no 'pmt-mnist'"):
+        corrupt(np.zeros((1, 12, 12), np.uint8), "rotate", 5, table="pmt-mnist")
+
+
+def test_apply_corruption_with_a_table_parameter_equals_corrupt(digits):
+    for name in ("fog", "gaussian_noise", "elastic_transform"):
+        param = severity_params(name, 4)
+        np.testing.assert_array_equal(apply_corruption(digits[:4], name, param, seed=3),
+                                      corrupt(digits[:4], name, 4, seed=3))
 
 
 def test_severity_params_follow_the_reference_tables():
@@ -210,7 +232,7 @@ def test_monotonicity_check_can_fail(digits):
 # --- closed forms -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", FULL_TABLES)
 @pytest.mark.parametrize("level", [0, 40, 200, 250])
 def test_brightness_adds_its_shift_to_a_constant_image(table, level):
     for severity in SEVERITIES:
@@ -234,7 +256,7 @@ def test_brightness_on_colour_keeps_hue_and_saturation():
         assert v1 == pytest.approx(min(v0 + 0.2, 1.0), abs=1e-9)
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", FULL_TABLES)
 def test_contrast_scales_about_the_image_mean(table):
     flat = np.full((1, 16, 16), 0.3)
     for severity in SEVERITIES:
@@ -301,7 +323,7 @@ def test_numpy_integer_severity_is_accepted(digits):
 
 
 def test_table_errors(digits):
-    with pytest.raises(ValueError, match=r"table must be one of \['mnist-c', 'cifar10-c'\]"):
+    with pytest.raises(ValueError, match=r"table must be one of \['mnist-c', 'cifar10-c', 'pmt-mnist'\]"):
         corrupt(digits, "fog", 1, table="imagenet-c")
     with pytest.raises(ValueError, match="'rotate' has no 'cifar10-c'.*mnist-c"):
         corrupt(digits, "rotate", 1, table="cifar10-c")

@@ -9,7 +9,7 @@ from bpfree.models import mnist_mobilenet
 from bpfree.pmt import PMTConfig, PMTTrainer, find_layers
 from bpfree.pmt.diagnostic import SCHEMES, bp_gradients, gradient_cosines, plot_cosines, \
     zo_gradients
-from bpfree.pmt.experiment import METHODS, Setup, adapt
+from bpfree.pmt.experiment import METHODS, Protocol, noqas_rates, run_task, split, sweep
 from bpfree.pmt.sparse import block, holdout_split, select_block, split_blocks
 from bpfree.quant import quantize_model
 
@@ -106,36 +106,102 @@ def test_gradient_cosines_table_and_plot(models, tmp_path):
     assert set(SCHEMES) >= {"wp-model", "np-layer"}
 
 
-def test_adapt_runs_every_method_with_budget_accounting(models):
+TINY = Protocol(queries=2, zo_epochs=1, bp_epochs=1, batch_size=16, zo_lrs=(0.05, 0.1),
+                bp_lrs=(1e-3, 1e-2), noqas_lsb=(0.5, 2.0))
+
+
+def test_protocol_defaults_are_the_papers_and_grids_share_one_size():
+    p = Protocol()
+    assert (p.queries, p.zo_epochs, p.bp_epochs, p.batch_size) == (100, 50, 50, 100)
+    with pytest.raises(ValueError, match="same search budget"):
+        Protocol(zo_lrs=(0.01, 0.03, 0.1))
+    with pytest.raises(ValueError, match="zo_lrs"):
+        Protocol(zo_lrs=())
+    with pytest.raises(ValueError, match="queries"):
+        Protocol(queries=0)
+    with pytest.raises(ValueError, match="validation"):
+        Protocol(validation=1.0)
+
+
+def test_split_is_disjoint_and_covers_the_training_images(models):
+    _, _, x, y = models
+    (xt, yt), (xv, yv) = split((x, y), TINY)
+    assert xt.shape[0] + xv.shape[0] == x.shape[0] and xv.shape[0] == round(0.2 * x.shape[0])
+    rows = {tuple(r.flatten()[:20].tolist()) for r in xt}
+    assert not any(tuple(r.flatten()[:20].tolist()) in rows for r in xv)
+
+
+def test_sweep_chooses_the_rate_by_validation_accuracy_not_test(monkeypatch):
+    """Validation and test scores disagree on purpose: the choice must follow validation."""
+    import bpfree.pmt.experiment as ex
+
+    scores = {0.1: {"val": 40.0, "test": 90.0}, 0.2: {"val": 60.0, "test": 10.0}}
+    x, y = torch.zeros(10, 1), torch.zeros(10, dtype=torch.long)
+    val, test = (x[:5], y[:5]), (x[5:], y[5:])
+
+    class Model(torch.nn.Module):
+        rate = None
+
+    def make():
+        model = Model()
+
+        class Method:
+            forwards = 0
+
+            def step(self, xb, yb, lr):
+                if model.rate is None:
+                    model.rate = lr  # the cosine schedule's first step is the base rate
+                return {"loss": 1.0}
+        return Method(), model
+
+    monkeypatch.setattr(ex, "accuracy", lambda model, xs, ys: scores[model.rate][
+        "val" if xs is val[0] else "test"])
+    out = sweep(make, (x, y), val, test, epochs=1, rates=(0.1, 0.2),
+                protocol=Protocol(batch_size=5, zo_lrs=(1,), bp_lrs=(1,), noqas_lsb=(1,)))
+    assert out["chosen"] == 0.2 and out["accuracy"] == 10.0
+    assert [r["validation_accuracy"] for r in out["runs"]] == [40.0, 60.0]
+
+
+def test_int8_bp_without_qas_trains_on_its_integer_grid(models):
+    """Float rates round every no-QAS step to zero; the integer-unit grid must move weights."""
     float_model, qmodel, x, y = models
-    setup = Setup(queries=1, epochs=1, batch_size=32, pmt_lrs=(0.05, 0.1))
-    out = adapt(float_model, qmodel, (x, y), (x, y), setup)
-    for name in ("pmt-dense", "pmt-sparse"):  # rates chosen on held-out data, as BP's are
-        extra = out[name].extra
-        assert set(extra["lr_holdout_accuracy"]) == {0.05, 0.1}
-        assert extra["lr"] == max((0.05, 0.1), key=lambda r: (extra["lr_holdout_accuracy"][r], -r))
-    layers = len(find_layers(qmodel, x))
-    budget = 64 * (1 + layers * 1)
-    assert out["pmt-dense"].forwards == budget
-    assert out["deepzero"].forwards == budget
-    assert out["no-adaptation"].forwards == 0
-    assert out["pmt-sparse"].forwards == out["selection"]["forwards"] + out["pmt-sparse"].forwards \
-        - out["pmt-sparse"].extra["selection_forwards"]
-    assert out["int8-sparse-bp"].extra["block"] == out["selection"]["chosen"]
-    assert set(METHODS) <= set(out)
-    with pytest.raises(ValueError, match="unknown method"):
-        Setup(methods=("pmt",))
-    with pytest.raises(ValueError, match="pmt_lrs"):
-        Setup(pmt_lrs=())
+    (xt, yt), _ = split((x, y), TINY)
+    rates, rms = noqas_rates(qmodel, xt[:16], yt[:16], (0.5, 2.0))
+    assert rms > 0 and rates[1] == pytest.approx(4 * rates[0])
+    out = run_task(("bp", dict(method="int8-bp-noqas", float_model=float_model, qmodel=qmodel,
+                               train=(x, y), test=(x, y), protocol=TINY)))
+    assert out["changed_values"] > 10, out
+    assert out["chosen"] in rates and out["gradient_rms_integer_units"] == rms
+    float_rate = run_task(("bp", dict(method="int8-bp", float_model=float_model, qmodel=qmodel,
+                                      train=(x, y), test=(x, y), protocol=TINY)))
+    assert float_rate["changed_values"] > 0
 
 
-def test_benchmark_maps_every_integer_layer_to_its_float_module(models):
-    """bench pmt accounts memory on the float graph: the name map must hit the right convs."""
-    from bpfree.bench.runner import load_module
+def test_pmt_block_task_trains_only_its_block(models):
+    _, qmodel, x, y = models
+    layers = find_layers(qmodel, x[:2])
+    block_names = [layers[-1].name]
+    before = {n: b.clone() for n, b in qmodel.state_dict().items()}
+    out = run_task(("pmt", dict(qmodel=qmodel, train=(x, y), test=(x, y), protocol=TINY,
+                                block=block_names)))
+    assert out["changed_values"] > 0 and out["layers"] == 1
+    # Per-sample forwards: N (clean) + L * Q * N per step over the training part.
+    n_train = x.shape[0] - round(0.2 * x.shape[0])
+    assert out["forwards"] == n_train * (1 + 1 * TINY.queries)
+    assert all(torch.equal(before[n], b) for n, b in qmodel.state_dict().items())  # a copy
 
-    bench = load_module("pmt")
-    float_model, qmodel, x, _ = models
-    assert set(METHODS) <= set(bench.LABELS) and set(METHODS) <= set(bench.MEMORY_RULE)
-    for layer in find_layers(qmodel, x):
-        module = float_model.get_submodule(bench._qname_to_float(layer.name))
-        assert tuple(module.weight.shape) == tuple(layer.module.weight.shape)
+
+def test_fp32_bp_loss_falls(models):
+    float_model, qmodel, x, y = models
+    p = Protocol(queries=1, zo_epochs=1, bp_epochs=5, batch_size=16, zo_lrs=(0.1,),
+                 bp_lrs=(0.05,), noqas_lsb=(1.0,))
+    out = run_task(("bp", dict(method="fp32-bp", float_model=float_model, qmodel=qmodel,
+                               train=(x, y), test=(x, y), protocol=p)))
+    assert out["last_loss"] < out["first_loss"]
+    assert out["changed_values"] > 0
+    with pytest.raises(ValueError, match="unknown BP method"):
+        run_task(("bp", dict(method="sgd", float_model=float_model, qmodel=qmodel,
+                             train=(x, y), test=(x, y), protocol=p)))
+    with pytest.raises(ValueError, match="unknown task kind"):
+        run_task(("adapt", {}))
+    assert "pmt-sparse" in METHODS

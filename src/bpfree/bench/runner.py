@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from bpfree.bench import environment
+from bpfree.bench.claims import validate_claims
 
 ENV_VAR = "BPFREE_BENCHMARKS"
 ROW_KEYS = ("table", "method", "setting", "metric", "value", "paper")
@@ -431,6 +432,10 @@ def run_benchmark(
         rows = validate_rows(raw_rows)
     except BenchmarkError as exc:
         raise BenchmarkError(f"benchmark {info.name!r} ({info.path.name}): {exc}") from None
+    try:
+        claims = validate_claims(extra.pop("claims", []))
+    except ValueError as exc:
+        raise BenchmarkError(f"benchmark {info.name!r}: {exc}") from None
     device = extra.pop("device", None)
     if device is not None and not isinstance(device, str):
         raise BenchmarkError(f"benchmark {info.name!r}: extra['device'] must be a string")
@@ -447,6 +452,8 @@ def run_benchmark(
         "git_revision": environment.git_revision(info.path.parent),
         "versions": environment.library_versions(),
     }
+    if claims:
+        document["claims"] = claims
     if extra:
         document["extra"] = extra
     document["rows"] = rows

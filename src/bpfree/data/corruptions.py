@@ -147,6 +147,8 @@ from scipy import ndimage
 __all__ = [
     "CORRUPTIONS",
     "DEFAULT_TABLE",
+    "PMT_MNIST",
+    "apply_corruption",
     "SEVERITIES",
     "TABLES",
     "Corruption",
@@ -157,7 +159,7 @@ __all__ = [
 ]
 
 SEVERITIES = (1, 2, 3, 4, 5)
-TABLES = ("mnist-c", "cifar10-c")
+TABLES = ("mnist-c", "cifar10-c", "pmt-mnist")
 DEFAULT_TABLE = "mnist-c"
 
 # Smallest side we accept: glass blur's swap window and defocus's mirrored padding need a few
@@ -801,10 +803,31 @@ _SPECS: list[tuple[str, str, Callable, bool, bool, tuple, tuple | None]] = [
     ("quantize", "digital", _quantize, False, False, (5, 4, 3, 2, 1), None),
 ]
 
+#: ``"pmt-mnist"``: PMT Table 7's regime for ``bpfree bench pmt``'s INT8 MNIST CNN. Severity 5
+#: only: each parameter is the strength (``bpfree.data.calibration.KNOBS``) at which that
+#: model's no-adaptation accuracy on the 1000 corrupted *training* images matches the paper's
+#: No Adaptation row (Gaussian 17, shot 21, impulse 25, speckle 27, defocus 76, motion 67,
+#: fog 73, brightness 83, contrast 36, elastic 71). Produced by the benchmark's calibration
+#: and recorded in results/pmt.json under ``extra.calibration``; a test ties the two.
+PMT_MNIST: Mapping[str, Any] = MappingProxyType({
+    "gaussian_noise": 0.0,
+    "shot_noise": 0.0,
+    "impulse_noise": 0.0,
+    "speckle_noise": 0.0,
+    "defocus_blur": (0.0, 0.5),
+    "motion_blur": (0.0, 0.0),
+    "fog": (0.0, 2.0),
+    "contrast": 0.0,
+    "brightness": 0.0,
+    "elastic_transform": (0.0, _ELASTIC_SIGMA, 0.0),
+})
+
 #: Registered corruptions by name (read-only).
 CORRUPTIONS: Mapping[str, Corruption] = MappingProxyType({
-    name: Corruption(name, family, fn, MappingProxyType({"mnist-c": mnist, "cifar10-c": cifar}),
-                     stochastic, color_only)
+    name: Corruption(name, family, fn, MappingProxyType({
+        "mnist-c": mnist, "cifar10-c": cifar,
+        "pmt-mnist": (None,) * 4 + (PMT_MNIST[name],) if name in PMT_MNIST else None}),
+        stochastic, color_only)
     for name, family, fn, stochastic, color_only, mnist, cifar in _SPECS
 })
 
@@ -840,7 +863,12 @@ def _lookup(name: str, severity, table: str) -> tuple[Corruption, int, Any]:
         have = [t for t in TABLES if spec.params[t] is not None]
         raise ValueError(f"corruption {name!r} has no {table!r} severity table; use table= "
                          f"one of {have}")
-    return spec, int(severity), params[int(severity) - 1]
+    param = params[int(severity) - 1]
+    if param is None:
+        have = [i + 1 for i, p in enumerate(params) if p is not None]
+        raise ValueError(f"table {table!r} defines corruption {name!r} at severity {have} only, "
+                         f"got severity {severity}")
+    return spec, int(severity), param
 
 
 def severity_params(name: str, severity: int, table: str = DEFAULT_TABLE):
@@ -869,6 +897,16 @@ def corrupt(images, name: str, severity: int, *, seed: int = 0, table: str = DEF
     [0, 1], or ``saturate`` on grayscale images; ``TypeError`` for other dtypes or types.
     """
     spec, severity, param = _lookup(name, severity, table)
+    return apply_corruption(images, name, param, seed=seed, start_index=start_index)
+
+
+def apply_corruption(images, name: str, param, *, seed: int = 0, start_index: int = 0):
+    """Apply corruption ``name`` with an explicit parameter (the kind ``severity_params``
+    returns) instead of a table's severity; otherwise exactly :func:`corrupt`. Used to
+    calibrate a corruption's strength (:mod:`bpfree.data.calibration`)."""
+    if not isinstance(name, str) or name not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {name!r}; known: {', '.join(CORRUPTIONS)}")
+    spec = CORRUPTIONS[name]
     seed = _check_int(seed, "seed", 0)
     start_index = _check_int(start_index, "start_index", 0)
     x, restore = _as_float(images)

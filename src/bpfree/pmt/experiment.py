@@ -1,22 +1,28 @@
-"""The PMT adaptation experiment (§4.1–4.3 at MNIST scale): every method on one corrupted task.
+"""The PMT adaptation experiment (§4.1–4.3 at MNIST scale), as small picklable tasks.
 
-Shared by ``bpfree bench pmt`` (benchmarks/pmt.py) and usable on its own: given a pretrained
-float model, its int8 twin from PTQ and a corrupted training / test split, :func:`adapt` runs
-each method of Table 7 on a fresh copy with the same batches and cosine schedule, and records
-test accuracy, forward passes (per sample, Table 5's unit), wall time and the loss curve.
+Shared by ``bpfree bench pmt`` (benchmarks/pmt.py) and usable on its own. The protocol is the
+paper's (§4.1): batch N = 100 (equivalent to batch 1 with accumulation over 100), vanilla SGD /
+ZO-SGD without momentum, cosine decay, ``mu = 1``, Q = 100 queries per layer, 50 epochs — all
+fields of :class:`Protocol`, which a run may scale down (the benchmark records what it used).
 
-Budgets: PMT dense trains ``epochs`` epochs with Q queries per layer; MeZO and DeepZero get the
-same total number of forward passes (MeZO as more 2-forward steps, DeepZero as ``L*Q``
-coordinates per step); PMT sparse spends its block-selection trials plus ``epochs`` epochs on
-the chosen block; BP methods train ``epochs`` epochs (their forward count is N per step, plus
-a backward pass the forward count does not show).
+Every method is tuned the same way (:func:`sweep`): the 1000 training images of a corruption
+are split once into a training part and a validation part (``Protocol.validation``, seeded);
+each rate of the method's grid trains a fresh copy on the training part, the rate whose run
+scores best on the validation part is chosen, and that run's accuracy on the untouched test
+split is reported. Every grid has the same number of rates. Nothing is tuned on test data.
 
-Learning rates: each BP method picks its rate from ``bp_lrs`` on a held-out fifth of the
-training data (:func:`pick_lr`), because un-normalised BP gradients on heavily corrupted
-inputs need a task-dependent rate. PMT dense and sparse pick theirs the same way from
-``pmt_lrs`` (default: ``lr`` alone; GNS and QAS make one global rate serve every layer,
-§3.1.2, but the best rate still moves with the task). MeZO uses ``lr``, DeepZero ``cge_lr``.
-The rate searches are not counted in the forward passes, for BP and PMT alike.
+Tasks (:func:`run_task`, one CPU thread each, results as plain dicts):
+
+* ``select``: the §3.3.1 block selection (one BP-free trial epoch per block, gain on the
+  validation part);
+* ``bp``: FP32 FullTrain, INT8 FullTrain with QAS (MCUTrain's scaling), INT8 FullTrain without
+  QAS (PMT Table 7's INT8 FullTrain; its grid is in integer units, see :func:`noqas_rates`),
+  or sparse INT8 BP on one block;
+* ``pmt``: PMT on one fixed block (Table 4's rows; the selected one is Table 7's BP-free row)
+  or dense on every layer;
+* ``mezo`` / ``deepzero``: Table 5's baselines at the forward budget of PMT on the chosen block;
+* ``ablation``: Fig. 7 (scaling and estimator ablations on four point-wise layers);
+* ``cosine``: Fig. 5 (cosine of ZO estimates with BP gradients, one seed).
 """
 
 from __future__ import annotations
@@ -24,205 +30,306 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
+from ..harness import accuracy, fit, holdout_split
+from .diagnostic import gradient_cosines
 from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
-from ..harness import accuracy, fit, pick_lr
 from .sparse import select_block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 
-#: ``int8-bp`` trains the fake-quant twin with QAS (MCUTrain's fix for real-quantized BP);
-#: ``int8-bp-noqas`` without it, the plain INT8 FullTrain whose "remarkable accuracy drop"
-#: PMT §4.2 reports.
+#: Method keys of Table 7 (``pmt-block-k`` rows are Table 4's fixed selections).
 METHODS = ("no-adaptation", "fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "mezo",
            "deepzero", "pmt-dense", "pmt-sparse")
 BP_METHODS = ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp")
 
 
 @dataclass(frozen=True)
-class Setup:
-    """Hyper-parameters of one adaptation run (the paper's: Q=100, 50 epochs, N=100, lr 0.01)."""
+class Protocol:
+    """PMT §4.1's training protocol; defaults are the paper's.
 
-    queries: int = 5
-    epochs: int = 2
+    Attributes:
+        queries: Q per layer (paper: 100). zo_epochs / bp_epochs: epochs of the BP-free and
+            BP methods (paper: 50 for both). batch_size: N (paper: 100, as accumulation).
+        validation: fraction of the training images held out to choose rates and blocks.
+        zo_lrs: rate grid of PMT, MeZO and DeepZero (float units: QAS makes one rate serve
+            every layer). bp_lrs: rate grid of FP32 BP, INT8 BP with QAS and sparse BP.
+        noqas_lsb: INT8 BP without QAS moves weights by ``lr * g`` LSB; its grid is given as
+            the RMS step in LSB at the start of training (:func:`noqas_rates`).
+        selection_epochs: epochs of each block-selection trial (paper: 1).
+    """
+
+    queries: int = 100
+    zo_epochs: int = 50
+    bp_epochs: int = 50
     batch_size: int = 100
-    lr: float = 0.1
-    cge_lr: float = 0.05
-    bp_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
-    pmt_lrs: tuple[float, ...] | None = None
+    validation: float = 0.2
+    zo_lrs: tuple[float, ...] = (0.01, 0.03)
+    bp_lrs: tuple[float, ...] = (3e-3, 1e-2)
+    noqas_lsb: tuple[float, ...] = (0.5, 2.0)
+    blocks: int = 4
+    selection_epochs: int = 1
     seed: int = 0
-    methods: tuple[str, ...] = METHODS
     curve_points: int = 60
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
-        if self.queries < 1 or self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("queries, epochs and batch_size must be >= 1")
-        rates = (self.lr, self.cge_lr, *self.bp_lrs, *(self.pmt_lrs or ()))
-        if not self.bp_lrs or self.pmt_lrs == () or not all(
-                math.isfinite(r) and r > 0 for r in rates):
-            raise ValueError(f"learning rates must be finite and > 0 (and bp_lrs, pmt_lrs "
-                             f"non-empty), got lr={self.lr}, cge_lr={self.cge_lr}, "
-                             f"bp_lrs={self.bp_lrs}, pmt_lrs={self.pmt_lrs}")
-
-    @property
-    def pmt_rates(self) -> tuple[float, ...]:
-        """The PMT rates to choose from: ``pmt_lrs``, or ``(lr,)``."""
-        return tuple(self.pmt_lrs) if self.pmt_lrs else (self.lr,)
-
-
-@dataclass
-class MethodResult:
-    accuracy: float
-    forwards: int
-    seconds: float
-    loss: list[float] = field(default_factory=list)
-    curve_forwards: list[int] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
+        for name in ("queries", "zo_epochs", "bp_epochs", "batch_size", "blocks",
+                     "selection_epochs", "curve_points"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0.0 < self.validation < 1.0:
+            raise ValueError(f"validation must lie in (0, 1), got {self.validation!r}")
+        grids = {"zo_lrs": self.zo_lrs, "bp_lrs": self.bp_lrs, "noqas_lsb": self.noqas_lsb}
+        for name, grid in grids.items():
+            if not grid or not all(isinstance(r, (int, float)) and not isinstance(r, bool)
+                                   and math.isfinite(r) and r > 0 for r in grid):
+                raise ValueError(f"{name} must be a non-empty tuple of finite rates > 0, "
+                                 f"got {grid!r}")
+        if len({len(g) for g in grids.values()}) != 1:
+            raise ValueError("every method gets the same search budget: zo_lrs, bp_lrs and "
+                             f"noqas_lsb must have equal lengths, got {grids}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _thin(history, points: int) -> tuple[list[float], list[int]]:
-    n = len(history.loss)
+def split(train: tuple[torch.Tensor, torch.Tensor], protocol: Protocol):
+    """(training part, validation part) of the corruption's training images (seeded)."""
+    x, y = train
+    tr, va = holdout_split(x.shape[0], protocol.validation, protocol.seed)
+    return (x[tr], y[tr]), (x[va], y[va])
+
+
+def _integer_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()
+            if not v.is_floating_point() and v.dim() > 0}
+
+
+def changed_values(before: dict[str, torch.Tensor], model: nn.Module) -> int:
+    """How many stored values of ``model`` differ from the snapshot ``before``."""
+    after = model.state_dict()
+    return sum(int((after[k] != v).sum()) for k, v in before.items())
+
+
+def _thin(loss: list[float], forwards: list[int], points: int) -> tuple[list[float], list[int]]:
+    n = len(loss)
     if n == 0:
         return [], []
     stride = max(1, n // points)
-    # Mean over each window: a readable curve from noisy ZO steps.
-    loss = [sum(history.loss[i:i + stride]) / len(history.loss[i:i + stride])
-            for i in range(0, n, stride)]
-    fw = [history.forwards[min(i + stride, n) - 1] for i in range(0, n, stride)]
-    return loss, fw
+    # Window means: a readable curve from noisy ZO steps.
+    means = [sum(loss[i:i + stride]) / len(loss[i:i + stride]) for i in range(0, n, stride)]
+    return means, [forwards[min(i + stride, n) - 1] for i in range(0, n, stride)]
 
 
-def _train(method, x, y, setup: Setup, epochs: int, lr: float, model, test) -> MethodResult:
+def train_and_score(make, train, val, test, *, epochs: int, lr: float,
+                    protocol: Protocol) -> dict:
+    """Train ``make() -> (method, model)`` on ``train``; score it on ``val`` and ``test``.
+
+    A run whose loss turns non-finite is reported as diverged (validation accuracy -1, so it
+    is never chosen) instead of aborting the experiment.
+    """
+    method, model = make()
+    before = _integer_state(model)
+    floats = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
     t0 = time.perf_counter()
-    hist = fit(method, x, y, epochs=epochs, batch_size=setup.batch_size, lr=lr, seed=setup.seed)
-    loss, fw = _thin(hist, setup.curve_points)
-    return MethodResult(accuracy(model, *test), method.forwards, time.perf_counter() - t0,
-                        loss, fw)
+    diverged = False
+    try:
+        hist = fit(method, *train, epochs=epochs, batch_size=protocol.batch_size, lr=lr,
+                   seed=protocol.seed)
+        loss, fw = _thin(hist.loss, hist.forwards, protocol.curve_points)
+    except FloatingPointError:
+        diverged, loss, fw = True, [], []
+    changed = changed_values(before, model) if before else sum(
+        int((model.state_dict()[k] != v).sum()) for k, v in floats.items())
+    return {"lr": lr, "diverged": diverged,
+            "validation_accuracy": -1.0 if diverged else accuracy(model, *val),
+            "accuracy": accuracy(model, *test), "forwards": method.forwards,
+            "seconds": time.perf_counter() - t0, "loss": loss, "curve_forwards": fw,
+            "changed_values": changed, "first_loss": loss[0] if loss else None,
+            "last_loss": loss[-1] if loss else None}
 
 
-def _search_lr(make, x, y, setup: Setup, rates) -> tuple[float, dict]:
-    """:func:`bpfree.harness.pick_lr` over ``rates``, timed: (rate, the result's ``extra``)."""
-    t0 = time.perf_counter()
-    lr, scores = pick_lr(make, x, y, rates, epochs=setup.epochs, batch_size=setup.batch_size,
-                         seed=setup.seed)
-    return lr, {"lr": lr, "lr_holdout_accuracy": scores,
-                "lr_search_seconds": time.perf_counter() - t0}
+def sweep(make, train, val, test, *, epochs: int, rates, protocol: Protocol) -> dict:
+    """Every rate of ``rates`` (:func:`train_and_score`); the chosen one by validation accuracy
+    (ties to the smaller rate). Returns ``{"chosen": rate, "runs": [...], **chosen run}``."""
+    runs = [train_and_score(make, train, val, test, epochs=epochs, lr=r, protocol=protocol)
+            for r in rates]
+    best = max(runs, key=lambda r: (r["validation_accuracy"], -r["lr"]))
+    return {**best, "chosen": best["lr"],
+            "runs": [{k: r[k] for k in ("lr", "validation_accuracy", "accuracy", "diverged",
+                                        "changed_values", "last_loss")} for r in runs]}
 
 
-def pmt_dense_forwards(num_layers: int, setup: Setup, n_train: int) -> int:
-    """Forward passes of PMT dense: per step N (clean) + L*Q*N, over all steps."""
-    return setup.epochs * n_train * (1 + num_layers * setup.queries)
+def noqas_rates(qmodel: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                lsb: tuple[float, ...]) -> tuple[tuple[float, ...], float]:
+    """Integer-unit rates for INT8 BP without QAS: ``lsb[i] / rms(g)``.
+
+    Without QAS the step is ``round(lr * dL/dW̄)`` in LSB, and ``dL/dW̄`` of an int8 weight is
+    tiny (``s_w`` times the float gradient): float rates round every step to zero. The grid is
+    set from the RMS integer-unit gradient of the first training batch, so that the RMS weight
+    moves ``lsb`` LSB per step at the start. Returns (rates, rms).
+    """
+    method = FullTrainINT8(copy.deepcopy(qmodel), qas=False)
+    grads, _ = method.gradients(x, y)
+    flat = torch.cat([g.weight.reshape(-1) for g in grads.values()])
+    rms = float(flat.pow(2).mean().sqrt())
+    if not math.isfinite(rms) or rms <= 0:
+        raise FloatingPointError(f"INT8 BP gradient RMS is {rms}; cannot set its rate grid")
+    return tuple(s / rms for s in lsb), rms
 
 
-def _bp_maker(name: str, float_model: nn.Module, qmodel: nn.Module, selection):
+def blocks_of(qmodel: nn.Module, example: torch.Tensor, protocol: Protocol) -> list[list[str]]:
+    """Table 4's four blocks: contiguous, cut between stages (:func:`split_blocks`)."""
+    return split_blocks(PMTTrainer(qmodel, PMTConfig(), example=example).layers,
+                        protocol.blocks)
+
+
+def _pmt_maker(qmodel, example, protocol, trainable=None, config: PMTConfig | None = None):
+    config = config or PMTConfig(queries=protocol.queries, seed=protocol.seed)
+
     def make():
-        if name == "fp32-bp":
-            f = copy.deepcopy(float_model)
-            return FullTrainFP32(f), f
-        q = copy.deepcopy(qmodel)
-        if name in ("int8-bp", "int8-bp-noqas"):
-            return FullTrainINT8(q, qas=name == "int8-bp"), q
-        return SparseBP(q, trainable=selection.blocks[selection.chosen - 1], qas=True), q
+        m = copy.deepcopy(qmodel)
+        return PMTTrainer(m, config, example=example, trainable=trainable), m
     return make
 
 
-def adapt(float_model: nn.Module, qmodel: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
-          test: tuple[torch.Tensor, torch.Tensor], setup: Setup = Setup()) -> dict:
-    """Run ``setup.methods`` on copies of the models; returns ``{method: MethodResult}`` plus
-    ``"selection"`` (the §3.3 block choice) when a sparse method ran."""
+def task_select(qmodel, train, protocol: Protocol) -> dict:
+    """§3.3.1: one BP-free trial per block, the largest validation gain wins."""
     x, y = train
-    out: dict = {}
-    example = x[:2]
-    layers = PMTTrainer(qmodel, PMTConfig(), example=example).layers
-    budget = pmt_dense_forwards(len(layers), setup, x.shape[0])
-    selection = None
+    blocks = blocks_of(qmodel, x[:2], protocol)
+    t0 = time.perf_counter()
 
-    def pmt(model, trainable=None):
-        return PMTTrainer(model, PMTConfig(queries=setup.queries, seed=setup.seed),
-                          example=example, trainable=trainable)
+    def make_method(model, names):
+        return PMTTrainer(model, PMTConfig(queries=protocol.queries, seed=protocol.seed),
+                          example=x[:2], trainable=names)
 
-    if any(m in setup.methods for m in ("pmt-sparse", "int8-sparse-bp")):
-        t0 = time.perf_counter()
-        blocks = split_blocks(layers, 4)
-        selection = select_block(qmodel, x, y, blocks=blocks, make_method=pmt, lr=setup.lr,
-                                 batch_size=setup.batch_size, seed=setup.seed)
-        out["selection"] = {**selection.as_dict(), "seconds": time.perf_counter() - t0}
-    for name in setup.methods:
-        q = copy.deepcopy(qmodel)
-        if name == "no-adaptation":
-            out[name] = MethodResult(accuracy(q, *test), 0, 0.0)
-        elif name in BP_METHODS:
-            make = _bp_maker(name, float_model, qmodel, selection)
-            lr, search = _search_lr(make, x, y, setup, setup.bp_lrs)
-            method, model = make()
-            out[name] = _train(method, x, y, setup, setup.epochs, lr, model, test)
-            out[name].extra = search
-            if name == "int8-sparse-bp":
-                out[name].extra["block"] = selection.chosen
-        elif name == "mezo":
-            steps_per_epoch = math.ceil(x.shape[0] / setup.batch_size)
-            epochs = max(1, round(budget / (2 * x.shape[0])))
-            method = MeZO(q, example, queries=1, seed=setup.seed, gns=True, qas=True,
-                          monitor=False)
-            out[name] = _train(method, x, y, setup, epochs, setup.lr, q, test)
-            out[name].extra = {"epochs": epochs, "steps": epochs * steps_per_epoch}
-        elif name == "deepzero":
-            k = len(layers) * setup.queries
-            method = DeepZeroCGE(q, example, coordinates=k, seed=setup.seed, qas=True)
-            out[name] = _train(method, x, y, setup, setup.epochs, setup.cge_lr, q, test)
-            out[name].extra = {"coordinates_per_step": k}
-        elif name in ("pmt-dense", "pmt-sparse"):
-            chosen = selection.blocks[selection.chosen - 1] if name == "pmt-sparse" else None
+    sel = select_block(qmodel, x, y, blocks=blocks, make_method=make_method,
+                       lr=max(protocol.zo_lrs), batch_size=protocol.batch_size,
+                       holdout=protocol.validation, epochs=protocol.selection_epochs,
+                       seed=protocol.seed)
+    return {**sel.as_dict(), "seconds": time.perf_counter() - t0}
 
-            def make(chosen=chosen):
-                m = copy.deepcopy(qmodel)
-                return pmt(m, chosen), m
 
-            lr, search = _search_lr(make, x, y, setup, setup.pmt_rates)
-            res = _train(pmt(q, chosen), x, y, setup, setup.epochs, lr, q, test)
-            res.extra = search
-            if name == "pmt-sparse":
-                res.forwards += selection.forwards  # the trials are part of the cost (§3.3.1)
-                res.extra.update(block=selection.chosen, selection_forwards=selection.forwards)
-            out[name] = res
+def task_bp(method: str, float_model, qmodel, train, test, protocol: Protocol,
+            block: list[str] | None = None) -> dict:
+    """One BP baseline, its rate chosen on the validation part."""
+    tr, va = split(train, protocol)
+    extra: dict = {}
+    if method == "fp32-bp":
+        def make():
+            f = copy.deepcopy(float_model)
+            return FullTrainFP32(f), f
+        rates = protocol.bp_lrs
+    elif method in ("int8-bp", "int8-bp-noqas"):
+        qas = method == "int8-bp"
+
+        def make():
+            q = copy.deepcopy(qmodel)
+            return FullTrainINT8(q, qas=qas), q
+        if qas:
+            rates = protocol.bp_lrs
+        else:
+            rates, rms = noqas_rates(qmodel, tr[0][:protocol.batch_size],
+                                     tr[1][:protocol.batch_size], protocol.noqas_lsb)
+            extra = {"gradient_rms_integer_units": rms, "lsb_grid": list(protocol.noqas_lsb)}
+    elif method == "int8-sparse-bp":
+        if not block:
+            raise ValueError("int8-sparse-bp needs the block to train")
+
+        def make():
+            q = copy.deepcopy(qmodel)
+            return SparseBP(q, trainable=block, qas=True), q
+        rates = protocol.bp_lrs
+        extra = {"block_layers": list(block)}
+    else:
+        raise ValueError(f"unknown BP method {method!r}; choose from {BP_METHODS}")
+    out = sweep(make, tr, va, test, epochs=protocol.bp_epochs, rates=rates, protocol=protocol)
+    out.update(extra)
     return out
 
 
-def ablation(qmodel: nn.Module, train, test, config: PMTConfig, *, epochs: int, lr: float,
-             batch_size: int, seed: int = 0, curve_points: int = 60) -> MethodResult:
-    """Train a copy of ``qmodel`` with one PMT configuration (Fig. 7 ablations)."""
-    q = copy.deepcopy(qmodel)
-    trainer = PMTTrainer(q, config, example=train[0][:2])
-    setup = Setup(queries=config.queries, epochs=epochs, batch_size=batch_size, lr=lr,
-                  seed=seed, curve_points=curve_points)
-    res = _train(trainer, *train, setup, epochs, lr, q, test)
-    res.extra = {"modes": dict(trainer.modes)}
-    return res
+def task_pmt(qmodel, train, test, protocol: Protocol, block: list[str] | None = None) -> dict:
+    """PMT on one block (sparse, Table 4 / 7) or on every layer (``block=None``, dense)."""
+    tr, va = split(train, protocol)
+    make = _pmt_maker(qmodel, tr[0][:2], protocol, trainable=block)
+    out = sweep(make, tr, va, test, epochs=protocol.zo_epochs, rates=protocol.zo_lrs,
+                protocol=protocol)
+    out["layers"] = len(block) if block else len(
+        PMTTrainer(qmodel, PMTConfig(), example=tr[0][:2]).layers)
+    return out
+
+
+def pmt_forwards(num_layers: int, protocol: Protocol, n_train: int) -> int:
+    """Per-sample forward passes of PMT on ``num_layers`` layers: N * (1 + L * Q) per step."""
+    return protocol.zo_epochs * n_train * (1 + num_layers * protocol.queries)
+
+
+def task_mezo(qmodel, train, test, protocol: Protocol, budget_layers: int) -> dict:
+    """MeZO (model-wise WP on every layer, GNS + QAS) at PMT's forward budget (Table 5)."""
+    tr, va = split(train, protocol)
+    budget = pmt_forwards(budget_layers, protocol, tr[0].shape[0])
+    epochs = max(1, round(budget / (2 * tr[0].shape[0])))
+
+    def make():
+        q = copy.deepcopy(qmodel)
+        return MeZO(q, tr[0][:2], queries=1, seed=protocol.seed, gns=True, qas=True,
+                    monitor=False), q
+    out = sweep(make, tr, va, test, epochs=epochs, rates=protocol.zo_lrs, protocol=protocol)
+    out.update(epochs=epochs, budget=budget)
+    return out
+
+
+def task_deepzero(qmodel, train, test, protocol: Protocol, budget_layers: int) -> dict:
+    """DeepZero CGE with random sparsity on every layer: ``L * Q`` coordinates per step."""
+    tr, va = split(train, protocol)
+    k = budget_layers * protocol.queries
+
+    def make():
+        q = copy.deepcopy(qmodel)
+        return DeepZeroCGE(q, tr[0][:2], coordinates=k, seed=protocol.seed, qas=True), q
+    out = sweep(make, tr, va, test, epochs=protocol.zo_epochs, rates=protocol.zo_lrs,
+                protocol=protocol)
+    out["coordinates_per_step"] = k
+    return out
+
+
+def task_ablation(qmodel, train, test, protocol: Protocol, config: PMTConfig,
+                  trainable: list[str], epochs: int, lr: float) -> dict:
+    """One Fig. 7 configuration at one rate on ``trainable`` (scored on the validation part)."""
+    tr, va = split(train, protocol)
+    make = _pmt_maker(qmodel, tr[0][:2], protocol, trainable=trainable, config=config)
+    return train_and_score(make, tr, va, test, epochs=epochs, lr=lr, protocol=protocol)
 
 
 def run_task(task: tuple[str, dict]) -> dict:
-    """Process-pool entry point: ``("adapt" | "ablation" | "cosine", kwargs)``, one CPU thread.
-
-    Results come back as plain dicts so that they pickle cheaply.
-    """
+    """Process-pool entry point: ``(kind, kwargs)`` on one CPU thread; returns a plain dict."""
     torch.set_num_threads(1)
     kind, kwargs = task
-    if kind == "adapt":
-        out = adapt(**kwargs)
-        return {k: (v.as_dict() if isinstance(v, MethodResult) else v) for k, v in out.items()}
-    if kind == "ablation":
-        return ablation(**kwargs).as_dict()
-    if kind == "cosine":
-        from .diagnostic import gradient_cosines
-
-        return gradient_cosines(**kwargs)
-    raise ValueError(f"unknown task kind {kind!r}; expected 'adapt', 'ablation' or 'cosine'")
+    t0 = time.perf_counter()
+    if kind == "select":
+        out = task_select(**kwargs)
+    elif kind == "bp":
+        out = task_bp(**kwargs)
+    elif kind == "pmt":
+        out = task_pmt(**kwargs)
+    elif kind == "mezo":
+        out = task_mezo(**kwargs)
+    elif kind == "deepzero":
+        out = task_deepzero(**kwargs)
+    elif kind == "ablation":
+        out = task_ablation(**kwargs)
+    elif kind == "cosine":
+        out = gradient_cosines(**kwargs)
+    elif kind == "no-adaptation":
+        out = {"accuracy": accuracy(kwargs["qmodel"], *kwargs["test"]), "forwards": 0}
+    else:
+        raise ValueError(f"unknown task kind {kind!r}; expected select, bp, pmt, mezo, "
+                         "deepzero, ablation, cosine or no-adaptation")
+    out["task_seconds"] = time.perf_counter() - t0
+    return out
