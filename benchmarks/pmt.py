@@ -99,7 +99,7 @@ def _settings(quick: bool):
                                       zo_lrs=(0.03, 0.1), bp_lrs=(3e-3, 1e-2)),
                     ablation_epochs=1, cosine_queries=(10,), cosine_seeds=3, dense=True)
     return dict(pretrain_images=60000, pretrain_epochs=4, test_images=10000,
-                protocol=Protocol(queries=100, zo_epochs=5, bp_epochs=50,
+                protocol=Protocol(queries=100, zo_epochs=6, bp_epochs=50,
                                   zo_lrs=(0.01, 0.03), bp_lrs=(3e-3, 1e-2)),
                 ablation_epochs=2, cosine_queries=(100,), cosine_seeds=3, dense=False)
 
@@ -289,14 +289,14 @@ def run(quick: bool):
     weight = {"pmt": 3, "deepzero": 2, "mezo": 2, "pmt-dense": 4, "select": 1}
     order = sorted(tasks, key=lambda k: -(weight.get(k[0], 0) * (5 - k[2] if k[0] == "pmt"
                                                                   else 1)))
-    results = run_keyed(run_task, tasks, workers, order=order)
+    results = run_keyed(run_task, tasks, workers, order=order, progress="pmt tasks")
 
     # Phase 2: sparse INT8 BP (MCUTrain-like) on each corruption's selected block.
     chosen = {c: results[("select", c)]["chosen"] for c in CORRUPTIONS}
     sparse = {("bp", c, "int8-sparse-bp"): ("bp", dict(
         method="int8-sparse-bp", float_model=float_model, qmodel=qmodel, train=data[c][0],
         test=data[c][1], protocol=P, block=blocks[chosen[c] - 1])) for c in CORRUPTIONS}
-    results.update(run_keyed(run_task, sparse, workers))
+    results.update(run_keyed(run_task, sparse, workers, progress="sparse BP tasks"))
 
     rows: list[dict] = []
 

@@ -185,6 +185,23 @@ def test_fulltrain_fp32_is_a_plain_sgd_step_with_frozen_bn_statistics():
     assert 0 <= accuracy(method.model, x, y) <= 100
 
 
+def test_fulltrain_fp32_lr_scale_is_a_parameter_group_rate():
+    x, y = _digits(16)
+    model = _float_model()
+    ref = copy.deepcopy(model)
+    FullTrainFP32(model, lr_scale={"2": 3.0}).step(x, y, lr=0.1)
+    F.cross_entropy(ref.eval()(x), y).backward()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p -= (0.3 if name.startswith("2.") else 0.1) * p.grad
+    for a, b in zip(model.state_dict().values(), ref.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-7)
+    with pytest.raises(ValueError, match="unknown module"):
+        FullTrainFP32(_float_model(), lr_scale={"nope": 2.0})
+    with pytest.raises(ValueError, match="finite number"):
+        FullTrainFP32(_float_model(), lr_scale={"2": -1.0})
+
+
 def test_fulltrain_fp32_trainable_subset():
     x, y = _digits(16)
     model = _float_model()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+import numpy as np
+
 CLAIM_KEYS = ("id", "paper_ref", "statement", "paper", "ours", "holds")
 
 
@@ -29,7 +31,7 @@ def claim(id: str, paper_ref: str, statement: str, *, paper: Any, ours: Any,
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"claim {name} must be a non-empty string, got {text!r}")
     if holds is not None:
-        if type(holds).__name__ == "bool_":  # numpy.bool_
+        if isinstance(holds, np.bool_):
             holds = bool(holds)
         if not isinstance(holds, bool):
             raise ValueError(f"claim {id!r}: holds must be True, False or None, got {holds!r}")

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from tqdm.auto import tqdm
+
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
 
 
@@ -33,25 +35,35 @@ def spawn_pool(workers: int) -> cf.ProcessPoolExecutor:
 
 
 def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: int,
-              order: list | None = None) -> dict:
+              order: list | None = None, progress: str | None = None) -> dict:
     """``{key: fn(task)}`` for every item of ``tasks``.
 
     ``workers`` ≤ 1 runs them in this process (easier to debug and profile). Otherwise they
     are submitted in ``order`` (default: as given; put the longest first so the pool does not
     end on one long straggler) to a spawn pool; ``fn`` and the tasks must pickle. The first
-    task that raises propagates its exception.
+    task that raises propagates its exception. ``progress``: a label for a progress bar of
+    finished tasks on stderr (hours-long benchmarks need one).
     """
     keys = list(tasks) if order is None else list(order)
     if set(keys) != set(tasks):
         raise ValueError("order must list every task key exactly once")
-    if workers <= 1:
-        return {k: fn(tasks[k]) for k in keys}
+    bar = tqdm(total=len(keys), desc=progress or "tasks", disable=progress is None,
+               unit="task")
     results = {}
-    with spawn_pool(workers) as pool:
-        futures = {pool.submit(fn, tasks[k]): k for k in keys}
-        for fut in cf.as_completed(futures):
-            results[futures[fut]] = fut.result()
-    return results
+    try:
+        if workers <= 1:
+            for k in keys:
+                results[k] = fn(tasks[k])
+                bar.update(1)
+            return results
+        with spawn_pool(workers) as pool:
+            futures = {pool.submit(fn, tasks[k]): k for k in keys}
+            for fut in cf.as_completed(futures):
+                results[futures[fut]] = fut.result()
+                bar.update(1)
+        return results
+    finally:
+        bar.close()
 
 
 def pool_device(workers: int) -> str:

@@ -422,6 +422,9 @@ def run_benchmark(
     target = Path(json_path) if json_path is not None else default_json_path(info.name, quick)
     recorded_command = command or _equivalent_command(name, quick, json_path, seed)
 
+    # The revision of the code that runs, taken before it runs: a commit made while a long
+    # benchmark is under way must not be recorded as its source.
+    revision = environment.git_revision(info.path.parent)
     seed_everything(used_seed)
     start = time.perf_counter()
     output = info.run(bool(quick))
@@ -449,7 +452,7 @@ def run_benchmark(
         "seconds": seconds,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": recorded_command,
-        "git_revision": environment.git_revision(info.path.parent),
+        "git_revision": revision,
         "versions": environment.library_versions(),
     }
     if claims:

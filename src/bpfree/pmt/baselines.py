@@ -381,9 +381,13 @@ class FullTrainFP32:
         model: the float ``nn.Module`` (``accuracy(method.model, x, y)`` evaluates it).
         trainable: names of modules (``model.named_modules()``) whose parameters train; the
             others get ``requires_grad = False``. Default: every parameter.
+        lr_scale: optional ``{module name: factor}``; that module's parameters step at
+            ``factor * lr`` (parameter groups, as ``PMTTrainer(lr_scale=...)``): a freshly
+            initialised head beside pretrained layers needs a far larger rate than they do.
     """
 
-    def __init__(self, model: nn.Module, *, trainable=None) -> None:
+    def __init__(self, model: nn.Module, *, trainable=None,
+                 lr_scale: dict[str, float] | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
         self.model = model
@@ -407,6 +411,18 @@ class FullTrainFP32:
         keep = {id(p) for p in self.params}
         for p in all_params:
             p.requires_grad_(id(p) in keep)
+        self.scale = {id(p): 1.0 for p in self.params}
+        for name, factor in (lr_scale or {}).items():
+            if name not in modules or name == "":
+                raise ValueError(f"lr_scale names unknown module {name!r}; modules with "
+                                 f"parameters are {valid}")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                    math.isfinite(factor) and factor >= 0):
+                raise ValueError(f"lr_scale[{name!r}] must be a finite number >= 0, "
+                                 f"got {factor!r}")
+            for p in modules[name].parameters():
+                if id(p) in self.scale:
+                    self.scale[id(p)] = float(factor)
         self.forwards = 0
         self.backwards = 0
         self.steps = 0
@@ -426,7 +442,7 @@ class FullTrainFP32:
         with torch.no_grad():
             for p in self.params:
                 if p.grad is not None:
-                    p.sub_(p.grad, alpha=lr)
+                    p.sub_(p.grad, alpha=lr * self.scale[id(p)])
                     p.grad = None
         n = x.shape[0]
         self.forwards += n

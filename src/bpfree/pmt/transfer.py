@@ -261,6 +261,14 @@ def float_graph(qmodel: nn.Module) -> nn.Module:
     return twin
 
 
+@torch.no_grad()
+def _train_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 250) -> float:
+    """Mean cross-entropy over the whole training set: a deterministic "did it train" check."""
+    total = sum(float(F.cross_entropy(model(x[i:i + batch]), y[i:i + batch], reduction="sum"))
+                for i in range(0, x.shape[0], batch))
+    return total / x.shape[0]
+
+
 def _result(acc: float, forwards: int, seconds: float, **extra) -> dict:
     return {"accuracy": float(acc), "forwards": int(forwards), "seconds": float(seconds),
             "extra": extra}
@@ -369,17 +377,22 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
 
         def make_fp32(start=model_sel):
             twin = float_graph(copy.deepcopy(start))
-            return FullTrainFP32(twin), twin
+            # The new head at the head's rate, as PMT's lr_scale does: at the backbone's rate
+            # alone its steps are far too small to move it (the loss stayed flat).
+            return FullTrainFP32(twin, lr_scale={HEAD: setup.lr / setup.block_lr}), twin
 
         lr, scores = pick_lr(make_fp32, xtr_f, ytr, setup.fp32_lrs, epochs=setup.epochs,
                              batch_size=setup.batch_size, seed=setup.seed, holdout=HOLDOUT)
         method, twin = make_fp32(model0)
+        loss_before = _train_loss(twin, xtr_f, ytr)
         hist = fit(method, xtr_f, ytr, epochs=setup.epochs, batch_size=setup.batch_size, lr=lr,
                    seed=setup.seed)
         out["fp32-bp"] = _result(accuracy(twin, xte_f, yte), n + method.forwards,
                                  time.perf_counter() - t0 + feature_seconds, lr=lr,
                                  lr_holdout_accuracy=scores, trained="all layers (dense)",
                                  start_accuracy=accuracy(float_graph(model0), xte_f, yte),
+                                 train_loss_before=loss_before,
+                                 train_loss_after=_train_loss(twin, xtr_f, ytr),
                                  loss=hist.loss[-5:])
     out["seconds"] = time.perf_counter() - t_task
     return out
