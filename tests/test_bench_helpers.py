@@ -47,3 +47,17 @@ def test_pool_device_names_the_worker_layout():
     from bpfree.bench.parallel import pool_device
 
     assert pool_device(2) == f"cpu: {cpu_model()}, 2 worker processes x 1 thread"
+
+
+def _total(tensors) -> float:
+    return float(sum(t.sum() for t in tensors))
+
+
+def test_run_keyed_many_tensor_tasks_through_a_pool():
+    """Tasks are fed to the pool a few at a time (bounded in flight); every result still
+    comes back under its key, tensors and all."""
+    import torch
+
+    tasks = {i: [torch.full((8,), float(i)) for _ in range(4)] for i in range(300)}
+    out = run_keyed(_total, tasks, workers=2)
+    assert out == {i: 32.0 * i for i in range(300)}

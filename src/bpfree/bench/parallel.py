@@ -56,11 +56,26 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
                 results[k] = fn(tasks[k])
                 bar.update(1)
             return results
+        # At most two tasks per worker in flight: each submitted task's tensors are shared
+        # through a file descriptor until a worker unpickles it, and a hundred queued tasks
+        # exhaust the sharer (ConnectionRefusedError in the workers).
+        pending = iter(keys)
         with spawn_pool(workers) as pool:
-            futures = {pool.submit(fn, tasks[k]): k for k in keys}
-            for fut in cf.as_completed(futures):
-                results[futures[fut]] = fut.result()
-                bar.update(1)
+            futures: dict = {}
+
+            def submit_next() -> None:
+                key = next(pending, None)
+                if key is not None:
+                    futures[pool.submit(fn, tasks[key])] = key
+
+            for _ in range(2 * workers):
+                submit_next()
+            while futures:
+                done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    results[futures.pop(fut)] = fut.result()
+                    bar.update(1)
+                    submit_next()
         return results
     finally:
         bar.close()
