@@ -101,7 +101,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     json_path = args.json or runner.default_json_path(args.name, args.quick)
     document = runner.run_benchmark(
         args.name, quick=args.quick, json_path=json_path, seed=args.seed,
-        command=args.command_line,
+        command=args.command_line, allow_dirty=args.allow_dirty,
     )
     mode = "quick" if document["quick"] else "full"
     print(f"{document['benchmark']} ({mode}) on {document['device']}, seed {document['seed']}, "
@@ -152,6 +152,10 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed for torch, numpy and random (default: the benchmark's SEED, else 0)")
     p.add_argument("--list", action="store_true", help="name the benchmarks and exit")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into results/ even from a checkout with uncommitted changes "
+                        "(refused by default: such a result cannot be traced to a revision); "
+                        "the result is marked dirty")
     _add_debug(p)
     p.set_defaults(handler=_cmd_bench)
 

@@ -242,11 +242,12 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
         ("Seed", document.get("seed")),
         ("Wall time", format_seconds(float(document["seconds"]))),
         ("Versions", _versions_text(document["versions"])),
-        ("Git revision", document.get("git_revision")),
+        ("Git revision", _revision_text(document)),
         ("Recorded", document.get("timestamp")),
         ("Source", f"`{source}`"),
     ]
     lines += [f"- **{key}:** {value}" for key, value in meta if value is not None]
+    lines += _claims_table(document)
     for table in _ordered_unique(r["table"] for r in document["rows"]):
         rows = [r for r in document["rows"] if r["table"] == table]
         lines += ["", f"### {document['benchmark']}: {table}", ""]
@@ -255,6 +256,59 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
         lines += ["", "_This run produced no rows._"]
     lines += _render_extra(document.get("extra") or {}, base, out_dir, source, report)
     return lines + [""]
+
+
+def _verdict(holds: Any) -> str:
+    return {True: "holds", False: "**fails**", None: "not measured"}[holds]
+
+
+def _claim_cell(value: Any) -> str:
+    if value is None:
+        return _MISSING
+    return format_number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def _revision_text(document: Mapping[str, Any]) -> str | None:
+    rev = document.get("git_revision")
+    if rev is None:
+        return None
+    return f"{rev} (dirty tree)" if document.get("dirty") else str(rev)
+
+
+def claim_status(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """The "Claim status" section: every claim of every result, its verdict and a count."""
+    body, counts = [], {True: 0, False: 0, None: 0}
+    for source, doc in entries:
+        run = "quick" if doc["quick"] else "full"
+        if doc.get("dirty"):
+            run += " (dirty tree)"
+        for c in doc.get("claims") or []:
+            counts[c["holds"]] += 1
+            statement = c["statement"] + (f" _{c['note']}_" if c.get("note") else "")
+            body.append((doc["benchmark"], run, f"`{c['id']}`", c["paper_ref"], statement,
+                         _claim_cell(c["paper"]), _claim_cell(c["ours"]),
+                         _verdict(c["holds"])))
+    if not body:
+        return []
+    lines = ["## Claim status", "",
+             "Each benchmark states the paper's claims it tests and computes the verdict from "
+             "its own rows (a rule in the benchmark, never typed by hand). "
+             f"**{counts[True]} hold, {counts[False]} fail, {counts[None]} not measured.** "
+             "Quick runs use reduced budgets and decide nothing about the paper; see each "
+             "claim's note and `docs/PAPERS.md` for the explanation of every failure.", ""]
+    lines += _markdown_table(("benchmark", "run", "claim", "paper ref", "statement", "paper",
+                              "ours", "verdict"), body)
+    return lines + [""]
+
+
+def _claims_table(document: Mapping[str, Any]) -> list[str]:
+    claims = document.get("claims") or []
+    if not claims:
+        return []
+    body = [(f"`{c['id']}`", c["paper_ref"], c["statement"], _claim_cell(c["paper"]),
+             _claim_cell(c["ours"]), _verdict(c["holds"])) for c in claims]
+    return ["", f"### {document['benchmark']}: claim ledger", ""] + _markdown_table(
+        ("claim", "paper ref", "statement", "paper", "ours", "verdict"), body)
 
 
 def _overview(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
@@ -270,6 +324,7 @@ def render_page(entries: Sequence[tuple[str, Mapping[str, Any]]], report: DocsRe
                 base: Path, out_dir: Path) -> str:
     """The whole page: header, overview, skipped files (loudly), then one section per run."""
     lines = [HEADER.rstrip("\n"), ""]
+    lines += claim_status(entries)
     if entries:
         lines += ["## Overview", ""] + _overview(entries) + [""]
     else:

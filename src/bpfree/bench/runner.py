@@ -296,11 +296,18 @@ def validate_result(document: Any, source: str = "result") -> dict:
             raise BenchmarkError(
                 f"{source}: {key!r} must be {allowed}, got {type(value).__name__}"
             )
+    if not math.isfinite(document["seconds"]) or document["seconds"] < 0:
+        raise BenchmarkError(f"{source}: 'seconds' must be a finite number >= 0, got "
+                             f"{document['seconds']!r}")
     try:
         rows = validate_rows(document["rows"])
-    except BenchmarkError as exc:
+        claims = validate_claims(document.get("claims", []))
+    except (BenchmarkError, ValueError) as exc:
         raise BenchmarkError(f"{source}: {exc}") from None
-    return {**document, "rows": rows}
+    out = {**document, "rows": rows}
+    if claims:
+        out["claims"] = claims
+    return out
 
 
 # ----------------------------------------------------------------------------- running
@@ -406,12 +413,15 @@ def run_benchmark(
     seed: int | None = None,
     directory: str | os.PathLike | None = None,
     command: str | None = None,
+    allow_dirty: bool = False,
 ) -> dict:
     """Run benchmark ``name``, write its result document to JSON and return the document.
 
     ``seed`` defaults to the module's ``SEED`` (else 0); ``json_path`` to
     :func:`default_json_path`; ``command`` (what is recorded as the reproducing command
-    line) to the equivalent ``bpfree bench`` call. Raises :class:`UnknownBenchmarkError`
+    line) to the equivalent ``bpfree bench`` call. From a checkout with uncommitted changes it
+    refuses to write into the checkout's ``results/`` unless ``allow_dirty``; a dirty run is
+    marked ``"dirty": true``. Raises :class:`UnknownBenchmarkError`
     for an unknown name and :class:`BenchmarkError` when the output breaks the contract;
     nothing is written in either case.
     """
@@ -425,6 +435,13 @@ def run_benchmark(
     # The revision of the code that runs, taken before it runs: a commit made while a long
     # benchmark is under way must not be recorded as its source.
     revision = environment.git_revision(info.path.parent)
+    dirty = revision is not None and revision.endswith("-dirty")
+    results_dir = (info.path.parent.parent / "results").resolve()
+    if dirty and not allow_dirty and results_dir in target.resolve().parents:
+        raise BenchmarkError(
+            f"the checkout has uncommitted changes, so a result in {results_dir} could not be "
+            "traced to a revision; commit first, or pass --allow-dirty (the result is then "
+            "marked dirty)")
     seed_everything(used_seed)
     start = time.perf_counter()
     output = info.run(bool(quick))
@@ -453,6 +470,7 @@ def run_benchmark(
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": recorded_command,
         "git_revision": revision,
+        "dirty": dirty,
         "versions": environment.library_versions(),
     }
     if claims:
