@@ -147,7 +147,8 @@ def factory(quick: bool):
     return cfg, float_model, qmodel, (xtr, ytr), (xte[:cfg["test_images"]], yte[:cfg["test_images"]])
 
 
-def calibrate_all(qmodel, train_images, train_labels, start_index: int) -> dict:
+def calibrate_all(qmodel, train_images, train_labels, start_index: int,
+                  names=CORRUPTIONS) -> dict:
     """Each corruption's strength for the paper's No Adaptation accuracy, on training images."""
     from bpfree.data.calibration import calibrate
     from bpfree.harness import accuracy
@@ -158,7 +159,7 @@ def calibrate_all(qmodel, train_images, train_labels, start_index: int) -> dict:
 
     return {c: calibrate(train_images, train_labels, c, PAPER_TABLE7["no-adaptation"][c], score,
                          seed=SEED, start_index=start_index).as_dict()
-            for c in CORRUPTIONS}
+            for c in names}
 
 
 def _pointwise_layers(qmodel, example, count: int = 4) -> list[str]:
