@@ -82,11 +82,12 @@ def test_bench_list_shows_broken_modules(tmp_path, monkeypatch, capsys):
 
 def test_bench_smoke_writes_json_and_prints_rows(tmp_path, capsys):
     out = tmp_path / "smoke.json"
-    assert cli.main(["bench", "smoke", "--quick", "--json", str(out), "--seed", "3"]) == 0
+    argv = ["bench", "smoke", "--quick", "--json", str(out), "--seed", "3", "--allow-dirty"]
+    assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     document = json.loads(out.read_text())
     assert document["seed"] == 3 and document["quick"] is True
-    assert document["command"] == f"bpfree bench smoke --quick --json {out} --seed 3"
+    assert document["command"] == f"bpfree bench smoke --quick --json {out} --seed 3 --allow-dirty"
     assert f"wrote {out}" in printed and "median time (us)" in printed
 
 
@@ -115,7 +116,8 @@ def test_library_value_error_becomes_exit_2(monkeypatch, capsys):
 
 def test_docs_command(tmp_path, capsys):
     results = tmp_path / "results"
-    runner.run_benchmark("smoke", quick=True, json_path=results / "smoke-quick.json")
+    runner.run_benchmark("smoke", quick=True, json_path=results / "smoke-quick.json",
+                         allow_dirty=True)
     out = tmp_path / "BENCHMARKS.md"
     assert cli.main(["docs", "--results", str(results), "--out", str(out)]) == 0
     assert "## smoke (quick)" in out.read_text()

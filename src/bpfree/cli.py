@@ -98,10 +98,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not args.name:
         known = ", ".join(i.name for i in runner.discover() if i.error is None) or "(none)"
         raise ValueError(f"name a benchmark to run, or use --list; known benchmarks: {known}")
-    json_path = args.json or runner.default_json_path(args.name, args.quick)
+    json_path = runner.default_json_path(args.name, args.quick) if args.json is None else args.json
     document = runner.run_benchmark(
         args.name, quick=args.quick, json_path=json_path, seed=args.seed,
-        command=args.command_line,
+        command=args.command_line, allow_dirty=args.allow_dirty,
     )
     mode = "quick" if document["quick"] else "full"
     print(f"{document['benchmark']} ({mode}) on {document['device']}, seed {document['seed']}, "
@@ -152,6 +152,9 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed for torch, numpy and random (default: the benchmark's SEED, else 0)")
     p.add_argument("--list", action="store_true", help="name the benchmarks and exit")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="run even when the checkout has uncommitted changes to tracked files "
+                        "(the result is marked dirty)")
     _add_debug(p)
     p.set_defaults(handler=_cmd_bench)
 

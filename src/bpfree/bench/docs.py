@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bpfree.bench.runner import BenchmarkError, validate_result, write_text_atomic
+from bpfree.bench.claims import verdict_text
+from bpfree.bench.runner import BenchmarkError, validate_result
+from bpfree.io import atomic_write_text, check_output_path
 
 DEFAULT_RESULTS_DIR = "results"
 DEFAULT_OUT = "docs/BENCHMARKS.md"
@@ -224,6 +226,53 @@ def _render_extra(extra: Mapping[str, Any], base: Path, out_dir: Path, source: s
     return lines
 
 
+def _is_dirty(document: Mapping[str, Any]) -> bool:
+    """Recorded from a tree with uncommitted changes (older files: a ``-dirty`` revision)."""
+    return document.get("dirty") is True or str(document.get("git_revision")).endswith("-dirty")
+
+
+def _revision_text(document: Mapping[str, Any]) -> str | None:
+    revision = document.get("git_revision")
+    if revision is None:
+        return None
+    return f"{str(revision).removesuffix('-dirty')} (dirty tree)" if _is_dirty(document) else revision
+
+
+def _claim_value(value: str | float | None) -> str:
+    return value if isinstance(value, str) else format_number(value)
+
+
+_CLAIM_HEADER = ("claim", "paper ref", "statement", "paper", "ours", "verdict")
+
+
+def _claim_cells(entry: Mapping[str, Any]) -> list[str]:
+    statement = entry["statement"] + (f" ({entry['note']})" if entry.get("note") else "")
+    return [entry["id"], entry["paper_ref"], statement, _claim_value(entry["paper"]),
+            _claim_value(entry["ours"]), verdict_text(entry["holds"])]
+
+
+def _claim_counts(claims: Sequence[Mapping[str, Any]]) -> str:
+    verdicts = [entry["holds"] for entry in claims]
+    return (f"{verdicts.count(True)} hold, {verdicts.count(False)} fail, "
+            f"{verdicts.count(None)} not measured")
+
+
+def render_claim_status(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """The "Claim status" section: every claim of every result file, quick and full runs."""
+    body, claims = [], []
+    for _, doc in entries:
+        run = ("quick" if doc["quick"] else "full") + (" (dirty tree)" if _is_dirty(doc) else "")
+        for entry in doc.get("claims") or []:
+            body.append([doc["benchmark"], run, *_claim_cells(entry)])
+            claims.append(entry)
+    lines = ["## Claim status", ""]
+    if not claims:
+        return lines + ["_No result file carries claims yet._", ""]
+    lines += [f"**{_claim_counts(claims)}** (over {len(claims)} claims; quick runs use "
+              "reduced settings).", ""]
+    return lines + _markdown_table(("benchmark", "run", *_CLAIM_HEADER), body) + [""]
+
+
 def _versions_text(versions: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {versions[name]}" for name in versions)
 
@@ -242,7 +291,7 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
         ("Seed", document.get("seed")),
         ("Wall time", format_seconds(float(document["seconds"]))),
         ("Versions", _versions_text(document["versions"])),
-        ("Git revision", document.get("git_revision")),
+        ("Git revision", _revision_text(document)),
         ("Recorded", document.get("timestamp")),
         ("Source", f"`{source}`"),
     ]
@@ -253,6 +302,10 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
         lines += render_table(rows)
     if not document["rows"]:
         lines += ["", "_This run produced no rows._"]
+    claims = document.get("claims") or []
+    if claims:
+        lines += ["", f"### {document['benchmark']}: claims ({_claim_counts(claims)})", ""]
+        lines += _markdown_table(_CLAIM_HEADER, [_claim_cells(entry) for entry in claims])
     lines += _render_extra(document.get("extra") or {}, base, out_dir, source, report)
     return lines + [""]
 
@@ -270,6 +323,7 @@ def render_page(entries: Sequence[tuple[str, Mapping[str, Any]]], report: DocsRe
                 base: Path, out_dir: Path) -> str:
     """The whole page: header, overview, skipped files (loudly), then one section per run."""
     lines = [HEADER.rstrip("\n"), ""]
+    lines += render_claim_status(entries)
     if entries:
         lines += ["## Overview", ""] + _overview(entries) + [""]
     else:
@@ -318,10 +372,10 @@ def generate_docs(results_dir: str | os.PathLike = DEFAULT_RESULTS_DIR,
     Invalid result files do not stop the page: they are listed at its top and in
     ``report.skipped`` so that the caller can fail loudly.
     """
-    out_path = Path(out)
+    out_path = check_output_path(out, what="--out")
     report = DocsReport(out=out_path)
     entries = load_results(results_dir, report)
     base = Path(results_dir).parent
     text = render_page(entries, report, base, out_path.parent)
-    write_text_atomic(text, out_path)
+    atomic_write_text(text, out_path, what="--out")
     return report
