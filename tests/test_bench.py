@@ -303,3 +303,15 @@ def test_load_module_imports_a_benchmark_file_and_names_the_known_ones(tmp_path)
     assert load_module("tiny", tmp_path).VALUE == 3
     with pytest.raises(FileNotFoundError, match="files there: tiny"):
         load_module("absent", tmp_path)
+
+
+@pytest.mark.parametrize("seconds", ["NaN", "1e999", "-Infinity", "-1"])
+def test_docs_refuse_non_finite_seconds_naming_the_file(results_dir, tmp_path, seconds):
+    text = json.dumps(_result("slow", [_good_row()])).replace('"seconds": 12.5',
+                                                               f'"seconds": {seconds}')
+    (results_dir / "slow.json").write_text(text)
+    report = docs.generate_docs(results_dir, tmp_path / "B.md")
+    reason = dict(report.skipped)["results/slow.json"]
+    assert reason.startswith("results/slow.json: 'seconds' must be a finite number >= 0")
+    page = (tmp_path / "B.md").read_text()
+    assert "## slow" not in page and " nan s" not in page and " inf s" not in page

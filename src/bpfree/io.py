@@ -43,8 +43,8 @@ def _target(path: str | os.PathLike, what: str) -> Path:
 def _refuse_non_file(target: Path, shown: str, what: str) -> None:
     try:
         mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        return
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file, or a path below a file (check_output_path names that case)
     if stat.S_ISDIR(mode):
         raise ValueError(f"{what}: {shown} is a directory; give a file name inside it")
     if not stat.S_ISREG(mode):
