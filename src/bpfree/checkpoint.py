@@ -498,6 +498,13 @@ def _check_model_state(state: Mapping, model: torch.nn.Module, path: Path) -> No
 
 def _check_optimizer_state(state: Mapping, optimizer: Any, path: Path) -> None:
     # torch.optim checks this too, but only after we might have loaded the model.
+    check = getattr(optimizer, "check_state_dict", None)  # ZOOptimizer's configuration check
+    if callable(check):
+        try:
+            check(state)
+        except ValueError as err:
+            raise CheckpointError(f"checkpoint {path} does not match the optimizer (nothing "
+                                  f"was loaded): {err}") from None
     groups = getattr(optimizer, "param_groups", None)
     saved = state.get("param_groups")
     if not isinstance(groups, list) or not isinstance(saved, list):

@@ -97,6 +97,7 @@ class ZOOptimizer(torch.optim.Optimizer):
         super().__init__(params, {"lr": float(lr), "scale": 1.0})
         self.state["zo"] = {"step": 0, "seed": seed, "forward_passes": 0, "dropped": 0}
         self.state["transforms"] = [m.init(self._params()) for m in self._maps]
+        self.state["config"] = self._config()
         self.last_stats: StepStats | None = None
 
     def add_param_group(self, param_group: dict) -> None:
@@ -243,7 +244,35 @@ class ZOOptimizer(torch.optim.Optimizer):
                     "lower the group's lr")
 
     # -- state ---------------------------------------------------------------------------
+    def _config(self) -> dict:
+        """What a saved state is only valid for: the estimator, distribution, transforms and
+        schedule (their reprs), and the trainable tensors' shapes and dtypes, in order."""
+        return {
+            "estimator": repr(self.estimator),
+            "distribution": repr(self.distribution),
+            "transforms": [repr(t) for t in self.transforms],
+            "schedule": None if self.schedule is None else repr(self.schedule),
+            "params": [f"{str(p.dtype).removeprefix('torch.')}{list(p.shape)}"
+                       for p in self._params()],
+        }
+
+    def check_state_dict(self, state_dict) -> None:
+        """Raise ``ValueError`` naming the differences when ``state_dict`` was saved by an
+        optimizer set up differently (another estimator or transforms, other tensors):
+        loading it would silently drop momentum or fill buffers of the wrong shapes.
+        States saved before the configuration was recorded are accepted."""
+        saved = state_dict.get("state", {}).get("config") if isinstance(state_dict, dict) else None
+        if saved is None:
+            return
+        mine = self._config()
+        differ = [f"{key}: saved {saved.get(key)!r}, this optimizer {mine[key]!r}"
+                  for key in mine if saved.get(key) != mine[key]]
+        if differ:
+            raise ValueError("the optimizer state was saved by a ZOOptimizer set up "
+                             "differently; " + "; ".join(differ))
+
     def load_state_dict(self, state_dict) -> None:
+        self.check_state_dict(state_dict)
         # Deep-copy the non-parameter entries so later in-place updates (momentum) never
         # write into the caller's dict (e.g. a checkpoint still held in memory).
         state_dict = dict(state_dict)
