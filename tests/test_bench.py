@@ -123,7 +123,7 @@ def _check_contract(document: dict) -> None:
 
 def test_smoke_writes_a_valid_json_document(tmp_path):
     out = tmp_path / "nested" / "smoke.json"
-    returned = runner.run_benchmark("smoke", quick=True, json_path=out)
+    returned = runner.run_benchmark("smoke", quick=True, json_path=out, allow_dirty=True)
     on_disk = json.loads(out.read_text())
     _check_contract(on_disk)
     assert on_disk == json.loads(json.dumps(returned))
@@ -303,3 +303,15 @@ def test_load_module_imports_a_benchmark_file_and_names_the_known_ones(tmp_path)
     assert load_module("tiny", tmp_path).VALUE == 3
     with pytest.raises(FileNotFoundError, match="files there: tiny"):
         load_module("absent", tmp_path)
+
+
+@pytest.mark.parametrize("seconds", ["NaN", "1e999", "-Infinity", "-1"])
+def test_docs_refuse_non_finite_seconds_naming_the_file(results_dir, tmp_path, seconds):
+    text = json.dumps(_result("slow", [_good_row()])).replace('"seconds": 12.5',
+                                                               f'"seconds": {seconds}')
+    (results_dir / "slow.json").write_text(text)
+    report = docs.generate_docs(results_dir, tmp_path / "B.md")
+    reason = dict(report.skipped)["results/slow.json"]
+    assert reason.startswith("results/slow.json: 'seconds' must be a finite number >= 0")
+    page = (tmp_path / "B.md").read_text()
+    assert "## slow" not in page and " nan s" not in page and " inf s" not in page

@@ -372,3 +372,98 @@ def test_resumed_sgd_run_is_bit_identical(tmp_path):
     again = load_checkpoint(path)
     for k, v in again.optimizer_state["state"].items():
         assert torch.equal(v["momentum_buffer"], ck.optimizer_state["state"][k]["momentum_buffer"])
+
+
+# --- ZOOptimizer configuration, stale temporaries, SIGKILL ----------------------------------
+
+
+def _zo(model, **kwargs):
+    from bpfree.estimators import rge
+    from bpfree.optim import ZOOptimizer
+
+    return ZOOptimizer(model.parameters(), lr=0.05, estimator=kwargs.pop("estimator", rge(4)),
+                       **kwargs)
+
+
+def _zo_steps(model, opt, steps=2):
+    from bpfree.objective import Objective
+
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        opt.step(Objective(model, torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)))
+
+
+@pytest.mark.parametrize("other", ["transforms", "estimator", "shapes"])
+def test_zo_state_refuses_an_optimizer_set_up_differently(tmp_path, other):
+    from bpfree import transforms as T
+    from bpfree.estimators import spsa
+
+    model = tiny_model(0)
+    opt = _zo(model)
+    _zo_steps(model, opt)
+    path = save_checkpoint(tmp_path / "ck.safetensors", model=model, optimizer=opt)
+    fresh = tiny_model(1)
+    if other == "transforms":
+        fresh_opt, fragment = _zo(fresh, transforms=[T.momentum(0.9)]), r"transforms: saved \[\]"
+    elif other == "estimator":
+        fresh_opt, fragment = _zo(fresh, estimator=spsa(4)), "estimator: saved"
+    else:  # same tensor count, other shapes: the buffers would not fit
+        fresh = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4))
+        fresh_opt, fragment = _zo(fresh), "params: saved"
+    before = [p.clone() for p in fresh.parameters()]
+    with pytest.raises(CheckpointError, match=f"does not match the optimizer.*{fragment}"):
+        restore_checkpoint(path, optimizer=fresh_opt,
+                           model=fresh if other != "shapes" else None)
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters()))
+    assert fresh_opt.step_count == 0
+    with pytest.raises(ValueError, match="set up differently"):
+        fresh_opt.load_state_dict(opt.state_dict())
+    same = _zo(tiny_model(2))
+    restore_checkpoint(path, optimizer=same)  # the same setup loads
+    assert same.step_count == 2
+
+
+def test_stale_temporaries_are_removed_by_the_next_save_and_load(tmp_path):
+    path = tmp_path / "ck.safetensors"
+    stale = tmp_path / ".ck.safetensors.a1b2c3d4e5f6.tmp"
+    stale.write_bytes(b"x" * 1000)  # what a SIGKILL during a save leaves
+    save_checkpoint(path, extra={"step": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.safetensors"]
+    stale.write_bytes(b"x")
+    assert load_checkpoint(path).extra == {"step": 1}
+    assert not stale.exists()
+
+
+_SAVER = """
+import sys, torch
+from bpfree.checkpoint import save_checkpoint
+path = sys.argv[1]
+for step in range(10**6):
+    save_checkpoint(path, model_state={"w": torch.full((200_000,), float(step))},
+                    extra={"step": step})
+    print(step, flush=True)
+"""
+
+
+def test_sigkill_during_saves_always_leaves_the_last_checkpoint(tmp_path):
+    """Kill a process that saves in a loop at random moments: the file always loads, holds a
+    completed save (tensor and step agree), and the next save removes what the kill left."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "ck.safetensors"
+    rng = random.Random(0)
+    for _ in range(3):  # each kill costs a fresh interpreter importing torch (~2 s)
+        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)],
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()  # at least one save completed
+        time.sleep(rng.uniform(0.0, 0.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        ck = load_checkpoint(path)
+        assert torch.equal(ck.model_state["w"], torch.full((200_000,), float(ck.extra["step"])))
+    save_checkpoint(path, extra={"step": -1})
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.safetensors"]

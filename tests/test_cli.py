@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -82,11 +84,12 @@ def test_bench_list_shows_broken_modules(tmp_path, monkeypatch, capsys):
 
 def test_bench_smoke_writes_json_and_prints_rows(tmp_path, capsys):
     out = tmp_path / "smoke.json"
-    assert cli.main(["bench", "smoke", "--quick", "--json", str(out), "--seed", "3"]) == 0
+    argv = ["bench", "smoke", "--quick", "--json", str(out), "--seed", "3", "--allow-dirty"]
+    assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     document = json.loads(out.read_text())
     assert document["seed"] == 3 and document["quick"] is True
-    assert document["command"] == f"bpfree bench smoke --quick --json {out} --seed 3"
+    assert document["command"] == f"bpfree bench smoke --quick --json {out} --seed 3 --allow-dirty"
     assert f"wrote {out}" in printed and "median time (us)" in printed
 
 
@@ -97,25 +100,35 @@ def test_unknown_benchmark_exits_2_with_known_names(capsys):
     assert "smoke" in err
 
 
-def test_library_value_error_becomes_exit_2(monkeypatch, capsys):
-    def explode(*args, **kwargs):
-        raise ValueError("the library said no")
+def _raising(exc: BaseException):
+    def run(*args, **kwargs):
+        raise exc
+    return run
 
-    monkeypatch.setattr(runner, "run_benchmark", explode)
+
+@pytest.mark.parametrize(("exc", "status", "message"), [
+    (ValueError("the library said no"), 2, "bpfree: error: the library said no\n"),
+    (RuntimeError("disk on fire"), 1,
+     "bpfree: error: RuntimeError: disk on fire (run with --debug for the traceback)\n"),
+])
+def test_errors_are_one_line_with_the_status_and_traceback_on_debug(
+        exc, status, message, monkeypatch, capsys):
+    """Bad input exits 2, any other failure 1; the traceback only with --debug."""
+    monkeypatch.setattr(runner, "run_benchmark", _raising(exc))
     monkeypatch.delenv("BPFREE_DEBUG", raising=False)
-    assert cli.main(["bench", "smoke"]) == 2
-    err = capsys.readouterr().err
-    assert err == "bpfree: error: the library said no\n"
-    with pytest.raises(ValueError, match="the library said no"):
+    assert cli.main(["bench", "smoke"]) == status
+    assert capsys.readouterr().err == message
+    with pytest.raises(type(exc), match=str(exc)):
         cli.main(["bench", "smoke", "--debug"])
     monkeypatch.setenv("BPFREE_DEBUG", "1")
-    with pytest.raises(ValueError):
+    with pytest.raises(type(exc)):
         cli.main(["bench", "smoke"])
 
 
 def test_docs_command(tmp_path, capsys):
     results = tmp_path / "results"
-    runner.run_benchmark("smoke", quick=True, json_path=results / "smoke-quick.json")
+    runner.run_benchmark("smoke", quick=True, json_path=results / "smoke-quick.json",
+                         allow_dirty=True)
     out = tmp_path / "BENCHMARKS.md"
     assert cli.main(["docs", "--results", str(results), "--out", str(out)]) == 0
     assert "## smoke (quick)" in out.read_text()
@@ -147,3 +160,93 @@ def test_delegated_commands(monkeypatch, capsys):
     assert "ghost not available" in listing and "fake a fake command" in listing
     assert cli.main(["ghost"]) == 1
     assert "not available" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("the command started its work before checking its output path")
+
+
+@pytest.mark.parametrize("command", [["demo"], ["memory"], ["classify", "--sample", "cat"],
+                                     ["bench", "smoke"]])
+@pytest.mark.parametrize("bad", ["", ".", "/dev/null", "FILE/x.json", "/proc/x.json"])
+def test_bad_json_paths_are_refused_before_any_work(command, bad, tmp_path, monkeypatch, capsys):
+    import bpfree.classify
+    import bpfree.demo
+    import bpfree.memory.cli
+
+    for module in (bpfree.demo, bpfree.memory.cli, bpfree.classify):
+        monkeypatch.setattr(module, "main", _must_not_run)
+    monkeypatch.setattr(runner, "run_benchmark", _must_not_run)
+    (tmp_path / "FILE").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*command, "--json", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bpfree: error: --json: ") and err.count("\n") == 1
+
+
+def test_docs_out_is_checked_before_reading_results(tmp_path, capsys):
+    assert cli.main(["docs", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bpfree: error: --out: ") and "is a directory" in err
+
+
+def test_ctrl_c_in_a_command_exits_130_quietly(monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_benchmark", _raising(KeyboardInterrupt()))
+    assert cli.main(["bench", "smoke"]) == 130
+    assert capsys.readouterr().err == "bpfree: interrupted\n"
+
+
+def test_ctrl_c_while_the_commands_load_exits_130_without_a_traceback():
+    """`import bpfree.cli` does not load torch; SIGINT while build_parser() loads it is
+    answered like any other Ctrl-C."""
+    script = textwrap.dedent("""
+        import sys, time
+        from bpfree import cli
+        assert "torch" not in sys.modules
+        build = cli.build_parser
+        def announced():
+            print("ready", flush=True)
+            time.sleep(0.5)  # the signal lands here, or while the command modules load
+            return build()
+        cli.build_parser = announced
+        sys.exit(cli.main(["demo", "--epochs", "1"]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip() == "bpfree: interrupted"
+
+
+def test_demo_seed_out_of_range_names_the_option(capsys):
+    assert cli.main(["demo", "--seed", "99999999999999999999"]) == 2
+    assert capsys.readouterr().err.startswith("bpfree: error: --seed must be an integer in [0, ")
+
+
+def test_classify_refuses_a_decompression_bomb(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    path = tmp_path / "bomb.png"
+    Image.new("1", (300, 300)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300 * 300 // 3)  # 3x over: the error
+    assert cli.main(["classify", str(path)]) == 2
+    assert "too large to classify" in capsys.readouterr().err
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300 * 300 // 2 + 1)  # under 2x: a warning
+    assert cli.main(["classify", str(path)]) == 2
+    assert "too large to classify" in capsys.readouterr().err
+
+
+def test_memory_caps_cge_coordinates_at_d(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    argv = ["memory", "--model", "digits-mlp", "--method", "cge", "--json", str(out)]
+    assert cli.main([*argv, "--coordinates", "100000000000"]) == 0
+    huge = json.loads(out.read_text())[0]
+    assert "is more than the 4,810 trainable parameters" in capsys.readouterr().err
+    assert cli.main([*argv, "--coordinates", "4810"]) == 0
+    assert json.loads(out.read_text())[0] == huge
+    assert huge["total"] < 2**20

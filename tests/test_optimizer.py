@@ -231,3 +231,32 @@ def test_objective_validates_shapes():
         bad.per_sample()
     with pytest.raises(RuntimeError):
         Objective(model, torch.randn(4, 5), torch.zeros(4, dtype=torch.long)).per_sample()
+
+
+@pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf"), True, "0.1"])
+def test_each_param_group_lr_is_checked(lr):
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="param group 1: lr must be a finite number >= 0"):
+        ZOOptimizer([{"params": [model.weight]}, {"params": [model.bias], "lr": lr}], lr=0.1)
+    opt = ZOOptimizer([model.weight], lr=0.1)
+    with pytest.raises(ValueError, match="param group 1: scale must be a finite number > 0"):
+        opt.add_param_group({"params": [model.bias], "scale": 0.0})
+
+
+@pytest.mark.parametrize("transforms", [(), (T.momentum(0.9),)])
+def test_an_lr_that_would_overflow_the_weights_is_refused_unchanged(transforms):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    opt = ZOOptimizer([{"params": [model.weight], "lr": 1e308}, {"params": [model.bias]}],
+                      lr=0.1, estimator=rge(4, 1e-3), transforms=transforms)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="weight.*lr 1e\\+308.*weights left unchanged"):
+        opt.step(Objective(model, x, y))
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p, b)
+    # A large but representable rate is still allowed: the guard is about overflow only.
+    opt.param_groups[0]["lr"] = 10.0
+    opt.step(Objective(model, x, y))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert not torch.equal(model.weight, before[0])

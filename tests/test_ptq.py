@@ -400,3 +400,45 @@ def test_twin_rejects_unknown_stage(qmodel):
     with pytest.raises(ValueError, match=r"'body.7' of type Tanh"):
         float_twin(bad, fake_quant=True)
     assert isinstance(float_twin(qmodel, fake_quant=True).body[0], TwinConv2d)
+
+
+# --- non-finite and empty inputs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_inputs_are_refused_not_clamped(qmodel, bad):
+    x = images(4, 5)
+    x[1, 0, 3, 3] = bad
+    with pytest.raises(ValueError, match="1 non-finite value"):
+        qmodel(x)
+    with pytest.raises(ValueError, match="non-finite"):
+        qmodel.quantize_input(x)
+    with pytest.raises(ValueError, match="non-finite values .* in the calibration inputs"):
+        quantize_model(mnist_cnn(), x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_pmt_step_refuses_non_finite_inputs_and_keeps_the_weights(bad):
+    from bpfree.models import digits_mlp
+    from bpfree.pmt import PMTConfig, PMTTrainer
+
+    torch.manual_seed(0)
+    x, y = torch.rand(32, 64), torch.randint(0, 10, (32,))
+    model = quantize_model(digits_mlp(), x, input_range=(0.0, 1.0))
+    trainer = PMTTrainer(model, PMTConfig(queries=2), example=x[:8])
+    before = copy.deepcopy(model.state_dict())
+    x[3, 7] = bad
+    with pytest.raises(ValueError, match="non-finite"):
+        trainer.step(x, y, lr=1.0)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    x[3, 7] = 0.5
+    trainer.step(x, y, lr=1.0)  # the same batch, cleaned, trains
+
+
+def test_empty_calibration_and_empty_input_range_are_refused():
+    with pytest.raises(ValueError, match="calibration batch of shape \\[0, 1, 28, 28\\] is empty"):
+        quantize_model(mnist_cnn(), torch.rand(0, 1, 28, 28))
+    for bad in [(0.0, 0.0), (1.0, 0.0), (0.0, float("inf"))]:
+        with pytest.raises(ValueError, match="input_range must be finite with lo < hi"):
+            quantize_model(mnist_cnn(), images(2, 0), input_range=bad)

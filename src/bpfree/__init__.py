@@ -10,10 +10,23 @@ local layer-wise rules. The usual entry points::
 See README.md for the tour and docs/ for how each module maps to the papers.
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
-from .objective import Objective, cross_entropy_per_sample
-from .optim import StepStats, ZOOptimizer, select_parameters
+# The entry points are imported on first use (PEP 562), so that `import bpfree` stays cheap:
+# the `bpfree` command then starts without torch and can answer Ctrl-C while torch loads.
+_LAZY = {"Objective": "objective", "cross_entropy_per_sample": "objective",
+         "StepStats": "optim", "ZOOptimizer": "optim", "select_parameters": "optim"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'bpfree' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Objective", "StepStats", "ZOOptimizer", "cross_entropy_per_sample",
            "select_parameters", "__version__"]

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import random
-import secrets
 import struct
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -43,6 +42,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
+
+from .io import atomic_write_bytes, check_output_path, remove_stale_temporaries
 
 __all__ = [
     "FORMAT_VERSION",
@@ -297,46 +298,6 @@ def serialize_checkpoint(*, model_state: Mapping | None = None,
     return _st_save(enc.tensors, metadata=meta)
 
 
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # platforms (Windows) or filesystems that cannot open a directory for fsync
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that readers see either the old file or the complete
-    new one: temporary file in the same directory (same filesystem, so the rename is
-    atomic), flush + fsync, ``os.replace``, then fsync the directory so the rename itself
-    survives a power cut. On any error the temporary file is removed and the old file at
-    ``path`` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    # os.open with 0o666 lets the umask decide the final mode, like a plain open() would.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_directory(path.parent)
-    return path
-
-
 def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | None = None,
                     model_state: Mapping | None = None, optimizer: Any = None,
                     optimizer_state: Mapping | None = None,
@@ -362,9 +323,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | None = 
     if model_state is None and optimizer_state is None and extra is None:
         raise ValueError("nothing to save: pass model/model_state, optimizer/optimizer_state "
                          "or extra")
+    check_output_path(path, what="checkpoint path")
     data = serialize_checkpoint(model_state=model_state, optimizer_state=optimizer_state,
                                 extra=extra)
-    return atomic_write_bytes(path, data)
+    remove_stale_temporaries(path)  # left by a save that was killed (SIGKILL, power cut)
+    return atomic_write_bytes(path, data, what="checkpoint path")
 
 
 # ---------------------------------------------------------------------------------------
@@ -437,6 +400,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     passed.
     """
     path = Path(path)
+    remove_stale_temporaries(path)  # left by a save that was killed (SIGKILL, power cut)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.is_dir():
@@ -534,6 +498,13 @@ def _check_model_state(state: Mapping, model: torch.nn.Module, path: Path) -> No
 
 def _check_optimizer_state(state: Mapping, optimizer: Any, path: Path) -> None:
     # torch.optim checks this too, but only after we might have loaded the model.
+    check = getattr(optimizer, "check_state_dict", None)  # ZOOptimizer's configuration check
+    if callable(check):
+        try:
+            check(state)
+        except ValueError as err:
+            raise CheckpointError(f"checkpoint {path} does not match the optimizer (nothing "
+                                  f"was loaded): {err}") from None
     groups = getattr(optimizer, "param_groups", None)
     saved = state.get("param_groups")
     if not isinstance(groups, list) or not isinstance(saved, list):

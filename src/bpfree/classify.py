@@ -18,10 +18,12 @@ output values differ, stage by stage (:func:`bpfree.models.mcunet.compare_requan
 from __future__ import annotations
 
 import argparse
-import json
+import warnings
 from pathlib import Path
 
 import numpy as np
+
+from .io import write_json
 
 #: scikit-image's bundled colour photos usable with ``--sample``.
 SAMPLES = ("chelsea", "coffee", "astronaut", "rocket", "cat")
@@ -38,8 +40,14 @@ def load_image(path) -> np.ndarray:
     except ImportError:  # pragma: no cover - Pillow comes with matplotlib
         raise ValueError("reading image files needs Pillow (pip install pillow)") from None
     try:
-        with Image.open(p) as im:
-            return np.asarray(im.convert("RGB"))
+        with warnings.catch_warnings():
+            # Pillow only warns between MAX_IMAGE_PIXELS and twice that: refuse both.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(p) as im:
+                return np.asarray(im.convert("RGB"))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ValueError(f"{p} is too large to classify (a decompression bomb? limit "
+                         f"{Image.MAX_IMAGE_PIXELS:,} pixels): {err}") from None
     except (UnidentifiedImageError, OSError) as err:
         raise ValueError(f"cannot read {p} as an image: {err}") from None
 
@@ -107,16 +115,13 @@ def main(args: argparse.Namespace) -> int:
     comparison = None
     if args.compare_requant:
         comparison = _print_requant_comparison(image, model, args)
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if args.json is not None:
         doc = {"image": source, "model": model.source, "requant": args.requant,
                "top5": result["topk"], "top5_names": result["names"],
                "logits": result["logits"]}
         if comparison is not None:
             doc["requant_comparison"] = comparison
-        path.write_text(json.dumps(doc) + "\n")
-        print(f"wrote {path}")
+        print(f"wrote {write_json(doc, args.json, indent=None)}")
     return 0
 
 

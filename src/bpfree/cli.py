@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from bpfree import __version__
+from bpfree.io import check_output_path
 
 PROG = "bpfree"
 
@@ -98,7 +99,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not args.name:
         known = ", ".join(i.name for i in runner.discover() if i.error is None) or "(none)"
         raise ValueError(f"name a benchmark to run, or use --list; known benchmarks: {known}")
-    json_path = args.json or runner.default_json_path(args.name, args.quick)
+    json_path = runner.default_json_path(args.name, args.quick) if args.json is None else args.json
     document = runner.run_benchmark(
         args.name, quick=args.quick, json_path=json_path, seed=args.seed,
         command=args.command_line, allow_dirty=args.allow_dirty,
@@ -153,9 +154,8 @@ def _add_bench(subparsers) -> None:
                    help="seed for torch, numpy and random (default: the benchmark's SEED, else 0)")
     p.add_argument("--list", action="store_true", help="name the benchmarks and exit")
     p.add_argument("--allow-dirty", action="store_true",
-                   help="write into results/ even from a checkout with uncommitted changes "
-                        "(refused by default: such a result cannot be traced to a revision); "
-                        "the result is marked dirty")
+                   help="run even when the checkout has uncommitted changes to tracked files "
+                        "(the result is marked dirty)")
     _add_debug(p)
     p.set_defaults(handler=_cmd_bench)
 
@@ -218,13 +218,37 @@ def _debug_enabled(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False)) or os.environ.get("BPFREE_DEBUG", "") not in ("", "0")
 
 
+#: Options that name a file a command writes; checked before the command does any work.
+_OUTPUT_OPTIONS = ("json", "out")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    for name in _OUTPUT_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_output_path(value, what=f"--{name}")
+
+
+def _error(message: str, hint: str = "") -> None:
+    print(f"{PROG}: error: {' '.join(str(message).split())}{hint}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default: sys.argv[1:]), run the command, return the exit status.
 
-    Errors the library raises for bad input (ValueError, FileNotFoundError) become
-    ``bpfree: error: ...`` and status 2, without a traceback unless debugging.
+    Bad input (ValueError, FileNotFoundError: a wrong option value, a missing file, a bad
+    output path) becomes one line ``bpfree: error: ...`` and status 2; any other failure one
+    line naming the exception and status 1; the traceback only with ``--debug`` or
+    ``BPFREE_DEBUG=1``. Ctrl-C, also while the commands' modules load, exits 130 quietly.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
@@ -232,21 +256,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args.command_line = shlex.join([PROG, *argv])  # recorded in result files
+    debug = _debug_enabled(args)
     try:
+        _check_outputs(args)
         return int(handler(args) or 0)
     except (ValueError, FileNotFoundError) as exc:
-        if _debug_enabled(args):
+        if debug:
             raise
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # The reader went away (`bpfree memory ... | head`): stop quietly, as Unix tools do.
         # stdout is pointed at devnull so the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:  # a failure, not bad input: one line unless debugging
+        if debug:
+            raise
+        _error(f"{type(exc).__name__}: {exc}", " (run with --debug for the traceback)")
+        return 1
 
 
 if __name__ == "__main__":

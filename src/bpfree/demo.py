@@ -27,20 +27,22 @@ activations may saturate their clean-data ranges; PMT adapts the integer weights
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from .io import write_json
 from .models import digits_mlp
 
 DEFAULTS = dict(seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosine",
                 perturbation="adaptive", layerwise=True, gns=True, qas=True, synchronized=True,
                 micro_batch=None, noise=0.2, contrast=0.5, brightness=0.3)
+
+#: Largest run seed: seeds up to ``seed + 3`` are drawn, and numpy takes seeds below 2**32.
+MAX_SEED = 2**32 - 4
 
 #: The sensor's physical input range: PTQ's input quantizer covers exactly [0, 1].
 INPUT_RANGE = (0.0, 1.0)
@@ -171,6 +173,9 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
     from .pmt import PMTConfig, PMTTrainer, fit
     from .quant.ptq import quantize_model
 
+    # seed .. seed + 3 seed the split, the two drifts and the batches (numpy: < 2**32).
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch-size must be >= 1, got {epochs} and {batch_size}")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -287,9 +292,6 @@ def main(args: argparse.Namespace) -> int:
                  brightness=args.brightness,
                  progress="PMT adaptation (INT8, BP-free)" if progress else False)
     print(format_table(result))
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}")
+    if args.json is not None:
+        print(f"wrote {write_json(result, args.json)}")
     return 0

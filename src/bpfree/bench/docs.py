@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bpfree.bench.runner import BenchmarkError, validate_result, write_text_atomic
+from bpfree.bench.claims import verdict_text
+from bpfree.bench.runner import BenchmarkError, validate_result
+from bpfree.io import atomic_write_text, check_output_path
 
 DEFAULT_RESULTS_DIR = "results"
 DEFAULT_OUT = "docs/BENCHMARKS.md"
@@ -224,6 +226,53 @@ def _render_extra(extra: Mapping[str, Any], base: Path, out_dir: Path, source: s
     return lines
 
 
+def _is_dirty(document: Mapping[str, Any]) -> bool:
+    """Recorded from a tree with uncommitted changes (older files: a ``-dirty`` revision)."""
+    return document.get("dirty") is True or str(document.get("git_revision")).endswith("-dirty")
+
+
+def _revision_text(document: Mapping[str, Any]) -> str | None:
+    revision = document.get("git_revision")
+    if revision is None:
+        return None
+    return f"{str(revision).removesuffix('-dirty')} (dirty tree)" if _is_dirty(document) else revision
+
+
+def _claim_value(value: str | float | None) -> str:
+    return value if isinstance(value, str) else format_number(value)
+
+
+_CLAIM_HEADER = ("claim", "paper ref", "statement", "paper", "ours", "verdict")
+
+
+def _claim_cells(entry: Mapping[str, Any]) -> list[str]:
+    statement = entry["statement"] + (f" ({entry['note']})" if entry.get("note") else "")
+    return [entry["id"], entry["paper_ref"], statement, _claim_value(entry["paper"]),
+            _claim_value(entry["ours"]), verdict_text(entry["holds"])]
+
+
+def _claim_counts(claims: Sequence[Mapping[str, Any]]) -> str:
+    verdicts = [entry["holds"] for entry in claims]
+    return (f"{verdicts.count(True)} hold, {verdicts.count(False)} fail, "
+            f"{verdicts.count(None)} not measured")
+
+
+def render_claim_status(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """The "Claim status" section: every claim of every result file, quick and full runs."""
+    body, claims = [], []
+    for _, doc in entries:
+        run = ("quick" if doc["quick"] else "full") + (" (dirty tree)" if _is_dirty(doc) else "")
+        for entry in doc.get("claims") or []:
+            body.append([doc["benchmark"], run, *_claim_cells(entry)])
+            claims.append(entry)
+    lines = ["## Claim status", ""]
+    if not claims:
+        return lines + ["_No result file carries claims yet._", ""]
+    lines += [f"**{_claim_counts(claims)}** (over {len(claims)} claims; quick runs use "
+              "reduced settings).", ""]
+    return lines + _markdown_table(("benchmark", "run", *_CLAIM_HEADER), body) + [""]
+
+
 def _versions_text(versions: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {versions[name]}" for name in versions)
 
@@ -247,68 +296,18 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
         ("Source", f"`{source}`"),
     ]
     lines += [f"- **{key}:** {value}" for key, value in meta if value is not None]
-    lines += _claims_table(document)
     for table in _ordered_unique(r["table"] for r in document["rows"]):
         rows = [r for r in document["rows"] if r["table"] == table]
         lines += ["", f"### {document['benchmark']}: {table}", ""]
         lines += render_table(rows)
     if not document["rows"]:
         lines += ["", "_This run produced no rows._"]
+    claims = document.get("claims") or []
+    if claims:
+        lines += ["", f"### {document['benchmark']}: claims ({_claim_counts(claims)})", ""]
+        lines += _markdown_table(_CLAIM_HEADER, [_claim_cells(entry) for entry in claims])
     lines += _render_extra(document.get("extra") or {}, base, out_dir, source, report)
     return lines + [""]
-
-
-def _verdict(holds: Any) -> str:
-    return {True: "holds", False: "**fails**", None: "not measured"}[holds]
-
-
-def _claim_cell(value: Any) -> str:
-    if value is None:
-        return _MISSING
-    return format_number(value) if isinstance(value, (int, float)) else str(value)
-
-
-def _revision_text(document: Mapping[str, Any]) -> str | None:
-    rev = document.get("git_revision")
-    if rev is None:
-        return None
-    return f"{rev} (dirty tree)" if document.get("dirty") else str(rev)
-
-
-def claim_status(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
-    """The "Claim status" section: every claim of every result, its verdict and a count."""
-    body, counts = [], {True: 0, False: 0, None: 0}
-    for source, doc in entries:
-        run = "quick" if doc["quick"] else "full"
-        if doc.get("dirty"):
-            run += " (dirty tree)"
-        for c in doc.get("claims") or []:
-            counts[c["holds"]] += 1
-            statement = c["statement"] + (f" _{c['note']}_" if c.get("note") else "")
-            body.append((doc["benchmark"], run, f"`{c['id']}`", c["paper_ref"], statement,
-                         _claim_cell(c["paper"]), _claim_cell(c["ours"]),
-                         _verdict(c["holds"])))
-    if not body:
-        return []
-    lines = ["## Claim status", "",
-             "Each benchmark states the paper's claims it tests and computes the verdict from "
-             "its own rows (a rule in the benchmark, never typed by hand). "
-             f"**{counts[True]} hold, {counts[False]} fail, {counts[None]} not measured.** "
-             "Quick runs use reduced budgets and decide nothing about the paper; see each "
-             "claim's note and `docs/PAPERS.md` for the explanation of every failure.", ""]
-    lines += _markdown_table(("benchmark", "run", "claim", "paper ref", "statement", "paper",
-                              "ours", "verdict"), body)
-    return lines + [""]
-
-
-def _claims_table(document: Mapping[str, Any]) -> list[str]:
-    claims = document.get("claims") or []
-    if not claims:
-        return []
-    body = [(f"`{c['id']}`", c["paper_ref"], c["statement"], _claim_cell(c["paper"]),
-             _claim_cell(c["ours"]), _verdict(c["holds"])) for c in claims]
-    return ["", f"### {document['benchmark']}: claim ledger", ""] + _markdown_table(
-        ("claim", "paper ref", "statement", "paper", "ours", "verdict"), body)
 
 
 def _overview(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
@@ -324,7 +323,7 @@ def render_page(entries: Sequence[tuple[str, Mapping[str, Any]]], report: DocsRe
                 base: Path, out_dir: Path) -> str:
     """The whole page: header, overview, skipped files (loudly), then one section per run."""
     lines = [HEADER.rstrip("\n"), ""]
-    lines += claim_status(entries)
+    lines += render_claim_status(entries)
     if entries:
         lines += ["## Overview", ""] + _overview(entries) + [""]
     else:
@@ -373,10 +372,10 @@ def generate_docs(results_dir: str | os.PathLike = DEFAULT_RESULTS_DIR,
     Invalid result files do not stop the page: they are listed at its top and in
     ``report.skipped`` so that the caller can fail loudly.
     """
-    out_path = Path(out)
+    out_path = check_output_path(out, what="--out")
     report = DocsReport(out=out_path)
     entries = load_results(results_dir, report)
     base = Path(results_dir).parent
     text = render_page(entries, report, base, out_path.parent)
-    write_text_atomic(text, out_path)
+    atomic_write_text(text, out_path, what="--out")
     return report

@@ -75,11 +75,11 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def git_revision(path: str | os.PathLike | None = None) -> str | None:
-    """Short commit hash of the checkout containing ``path`` (``-dirty`` if modified), or None.
+def git_state(path: str | os.PathLike | None = None) -> tuple[str | None, bool]:
+    """``(short commit hash, dirty)`` of the checkout containing ``path``; ``(None, False)``
+    outside a git checkout, without git, or before the first commit.
 
-    None outside a git checkout, without git, or before the first commit: the revision is
-    a convenience for tracing results, never a requirement.
+    Dirty means uncommitted changes to tracked files (untracked files do not count).
     """
     cwd = Path(path) if path is not None else Path.cwd()
     try:
@@ -87,13 +87,13 @@ def git_revision(path: str | os.PathLike | None = None) -> str | None:
             ["git", "rev-parse", "--short", "HEAD"],
             cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
-        dirty = subprocess.run(
+        changes = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{head}-dirty" if dirty else head
+        return None, False
+    return head, bool(changes)
 
 
 def _synchronize(device: torch.device) -> None:

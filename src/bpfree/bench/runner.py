@@ -14,7 +14,13 @@ Each row is one cell of the paper's table in tidy form::
 
 and the optional second element ``extra`` is a JSON-serialisable dict stored under
 ``"extra"`` (``figures``: paths to embed in the docs, ``notes``: text, ``device``: overrides
-the detected device string when the benchmark ran elsewhere, e.g. on the CPU beside a GPU).
+the detected device string when the benchmark ran elsewhere, e.g. on the CPU beside a GPU;
+``claims``: the claim ledger of :mod:`bpfree.bench.claims`, lifted to a top-level
+``"claims"`` key).
+
+A run is refused before it starts when the checkout holding the benchmarks has uncommitted
+changes to tracked files, unless ``allow_dirty`` is given; such a result carries
+``"dirty": true``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import random
 import re
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +45,8 @@ import numpy as np
 import torch
 
 from bpfree.bench import environment
-from bpfree.bench.claims import validate_claims
+from bpfree.bench.claims import ClaimError, validate_claims
+from bpfree.io import check_output_path, write_json
 
 ENV_VAR = "BPFREE_BENCHMARKS"
 ROW_KEYS = ("table", "method", "setting", "metric", "value", "paper")
@@ -61,6 +67,10 @@ _DEFAULT_SEED = 0
 
 class BenchmarkError(ValueError):
     """A benchmark module or its output breaks the contract (a user-facing error)."""
+
+
+class DirtyTreeError(BenchmarkError):
+    """The benchmarks' checkout has uncommitted changes and ``allow_dirty`` was not given."""
 
 
 class UnknownBenchmarkError(BenchmarkError):
@@ -297,17 +307,25 @@ def validate_result(document: Any, source: str = "result") -> dict:
                 f"{source}: {key!r} must be {allowed}, got {type(value).__name__}"
             )
     if not math.isfinite(document["seconds"]) or document["seconds"] < 0:
-        raise BenchmarkError(f"{source}: 'seconds' must be a finite number >= 0, got "
-                             f"{document['seconds']!r}")
+        raise BenchmarkError(f"{source}: 'seconds' must be a finite number >= 0, "
+                             f"got {document['seconds']!r}")
+    if document.get("dirty") not in (None, True, False):
+        raise BenchmarkError(f"{source}: 'dirty' must be true, false or null, "
+                             f"got {document['dirty']!r}")
     try:
         rows = validate_rows(document["rows"])
-        claims = validate_claims(document.get("claims", []))
-    except (BenchmarkError, ValueError) as exc:
+        claims = _checked_claims(document.get("claims", []))
+    except BenchmarkError as exc:
         raise BenchmarkError(f"{source}: {exc}") from None
-    out = {**document, "rows": rows}
-    if claims:
-        out["claims"] = claims
-    return out
+    return {**document, "claims": claims, "rows": rows}
+
+
+def _checked_claims(claims: Any) -> list[dict]:
+    """:func:`validate_claims`, its errors as :class:`BenchmarkError`."""
+    try:
+        return validate_claims(claims)
+    except ClaimError as exc:
+        raise BenchmarkError(str(exc)) from None
 
 
 # ----------------------------------------------------------------------------- running
@@ -374,35 +392,12 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
-def _to_json(document: Any) -> str:
-    """Strict JSON (NaN and infinities refused: they are not JSON)."""
-    return json.dumps(document, indent=2, default=_json_default, allow_nan=False) + "\n"
-
-
-def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
-    """Write ``text`` via a temporary file and ``os.replace``: readers never see half a file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
 def write_json_atomic(document: Any, path: str | os.PathLike) -> Path:
     """Serialise ``document`` (strict JSON, indented) and write it atomically."""
     try:
-        text = _to_json(document)
-    except (TypeError, ValueError) as exc:
-        raise BenchmarkError(f"result for {path} is not valid JSON: {exc}") from None
-    return write_text_atomic(text, path)
+        return write_json(document, path, default=_json_default)
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
 
 
 def run_benchmark(
@@ -419,29 +414,27 @@ def run_benchmark(
 
     ``seed`` defaults to the module's ``SEED`` (else 0); ``json_path`` to
     :func:`default_json_path`; ``command`` (what is recorded as the reproducing command
-    line) to the equivalent ``bpfree bench`` call. From a checkout with uncommitted changes it
-    refuses to write into the checkout's ``results/`` unless ``allow_dirty``; a dirty run is
-    marked ``"dirty": true``. Raises :class:`UnknownBenchmarkError`
+    line) to the equivalent ``bpfree bench`` call. Raises :class:`UnknownBenchmarkError`
     for an unknown name and :class:`BenchmarkError` when the output breaks the contract;
-    nothing is written in either case.
+    nothing is written in either case. Before the benchmark runs, the output path is checked
+    (``ValueError``) and a checkout with uncommitted changes to tracked files is refused
+    (:class:`DirtyTreeError`) unless ``allow_dirty``; the result then says ``"dirty": true``.
     """
     info = get_benchmark(name, directory)
     if seed is not None:
         _check_seed(seed)
     used_seed = info.seed if seed is None else seed
-    target = Path(json_path) if json_path is not None else default_json_path(info.name, quick)
+    target = check_output_path(
+        json_path if json_path is not None else default_json_path(info.name, quick), what="--json")
     recorded_command = command or _equivalent_command(name, quick, json_path, seed)
+    revision, dirty = environment.git_state(info.path.parent)
+    if dirty and not allow_dirty:
+        raise DirtyTreeError(
+            f"the checkout holding {info.path.parent} has uncommitted changes to tracked files; "
+            "commit them so the result names its revision, or pass --allow-dirty "
+            "(the result is then marked dirty)"
+        )
 
-    # The revision of the code that runs, taken before it runs: a commit made while a long
-    # benchmark is under way must not be recorded as its source.
-    revision = environment.git_revision(info.path.parent)
-    dirty = revision is not None and revision.endswith("-dirty")
-    results_dir = (info.path.parent.parent / "results").resolve()
-    if dirty and not allow_dirty and results_dir in target.resolve().parents:
-        raise BenchmarkError(
-            f"the checkout has uncommitted changes, so a result in {results_dir} could not be "
-            "traced to a revision; commit first, or pass --allow-dirty (the result is then "
-            "marked dirty)")
     seed_everything(used_seed)
     start = time.perf_counter()
     output = info.run(bool(quick))
@@ -452,13 +445,13 @@ def run_benchmark(
         rows = validate_rows(raw_rows)
     except BenchmarkError as exc:
         raise BenchmarkError(f"benchmark {info.name!r} ({info.path.name}): {exc}") from None
-    try:
-        claims = validate_claims(extra.pop("claims", []))
-    except ValueError as exc:
-        raise BenchmarkError(f"benchmark {info.name!r}: {exc}") from None
     device = extra.pop("device", None)
     if device is not None and not isinstance(device, str):
         raise BenchmarkError(f"benchmark {info.name!r}: extra['device'] must be a string")
+    try:
+        claims = _checked_claims(extra.pop("claims", []))
+    except BenchmarkError as exc:
+        raise BenchmarkError(f"benchmark {info.name!r} ({info.path.name}): {exc}") from None
 
     document: dict[str, Any] = {
         "benchmark": info.name,
@@ -473,10 +466,10 @@ def run_benchmark(
         "dirty": dirty,
         "versions": environment.library_versions(),
     }
-    if claims:
-        document["claims"] = claims
     if extra:
         document["extra"] = extra
+    if claims:
+        document["claims"] = claims
     document["rows"] = rows
     write_json_atomic(document, target)
     return document

@@ -9,9 +9,9 @@ gradient buffer (:func:`bpfree.memory.layer_memory`), with their totals.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+import sys
 
+from ..io import write_json
 from ..models import get_model, list_models
 
 
@@ -99,8 +99,8 @@ DEFAULT_BATCH_QUERIES = {"mcunet-in1": (1, 50)}
 def main(args: argparse.Namespace) -> int:
     from .profile import profile_model
     from .report import format_bytes
-    from .rules import (GRAD_BYTES, _resolve_trainable, analytic, macs_per_iteration,
-                        method_defaults, registered_rules)
+    from .rules import (GRAD_BYTES, _resolve_trainable, analytic, cge_coordinates,
+                        macs_per_iteration, method_defaults, registered_rules)
     import torch
 
     spec = get_model(args.model)
@@ -130,6 +130,14 @@ def main(args: argparse.Namespace) -> int:
                                    trainable=trainable, coordinates=coordinates, fold_bn=fold)
                 if defaults["has_macs"] else None)
         results.append((method, fold, dtype_bytes, report, macs))
+        if method == "cge" and coordinates:
+            profile = base.fold_batchnorm() if fold else base
+            k = cge_coordinates(profile, args.queries, coordinates,
+                                _resolve_trainable(profile, trainable))
+            if k < coordinates:
+                print(f"note: --coordinates {coordinates:,} is more than the {k:,} trainable "
+                      f"parameters; cge perturbs each at most once per step, so K = {k:,}",
+                      file=sys.stderr)
 
     if args.layers:
         for fold in dict.fromkeys(fold for _, fold, *_ in results):
@@ -163,13 +171,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.model == "mcunet-in1":  # PMT Tables 8-9, the paper's numbers beside ours
         print(__import__("bpfree.memory.mcunet_tables", fromlist=["_"]).tables_text())
-    if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if args.json is not None:
         rows = [{**report.as_dict(), "macs_per_iteration": macs, "batch_size": args.batch_size,
                  "num_queries": args.queries, "dtype_bytes": dtype_bytes, "fold_bn": fold,
                  "trainable": trainable}
                 for method, fold, dtype_bytes, report, macs in results]
-        path.write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {path}")
+        print(f"wrote {write_json(rows, args.json)}")
     return 0

@@ -501,7 +501,7 @@ def cge_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_
     and keeps one finite-difference loss each plus the clean loss; the coordinates come
     from one uint32 sampler seed. Memory = parameters + inference working set + that.
     """
-    k = num_queries if coordinates is None else _positive_int("coordinates", coordinates)
+    k = cge_coordinates(profile, num_queries, coordinates, trainable)
     return MemoryReport("cge", _parts(
         parameters=_quantized_parameters_bytes(profile, dtype_bytes),
         activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
@@ -578,9 +578,18 @@ def _queries_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
     return (num_queries + 1) * batch_size * profile.macs
 
 
+def cge_coordinates(profile: ModelProfile, num_queries: int, coordinates: int | None,
+                    trainable: frozenset[str]) -> int:
+    """Coordinates CGE perturbs per step: ``coordinates`` (default ``num_queries``), capped
+    at d, the trainable parameter count, as :func:`bpfree.estimators.cge` caps it."""
+    k = num_queries if coordinates is None else _positive_int("coordinates", coordinates)
+    return min(k, _trainable_numel(profile, trainable))
+
+
 def _coordinates_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
-                      coordinates: int | None = None, **_: Any) -> int:
-    k = num_queries if coordinates is None else coordinates
+                      trainable: frozenset[str], coordinates: int | None = None,
+                      **_: Any) -> int:
+    k = cge_coordinates(profile, num_queries, coordinates, trainable)
     return (k + 1) * batch_size * profile.macs
 
 
@@ -799,7 +808,7 @@ def macs_per_iteration(model: nn.Module | ModelProfile, method: str,
       ``zo_np_lean``: the same with NP everywhere;
     - ``mezo``, ``zo_wp_lean``, ``zo_wp_batched``, ``zo_np_batched``: (Q+1)·N·M
       (one-sided: the clean forward plus Q perturbed ones);
-    - ``cge``: (K+1)·N·M with K = ``coordinates`` (default Q);
+    - ``cge``: (K+1)·N·M with K = ``coordinates`` (default Q), capped at d;
     - ``bp``, ``bp-int8``, ``sparse-bp``: forward N·M + backward: ∇a through every layer
       after the first trainable one and ∇W of every layer whose weight trains, each one
       layer's MACs — ≈ 3·N·M when everything trains.

@@ -95,18 +95,27 @@ class ZOOptimizer(torch.optim.Optimizer):
         self.mode = mode
         self.chunk_size = chunk_size
         super().__init__(params, {"lr": float(lr), "scale": 1.0})
-        for group in self.param_groups:
-            s = group["scale"]
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
-                raise ValueError(f"param group scale must be a finite number > 0, got {s!r}")
-            for p in group["params"]:
-                if not p.is_floating_point():
-                    raise TypeError(
-                        f"ZOOptimizer updates floating-point tensors; got dtype {p.dtype}. Integer "
-                        "(quantized) parameters need an integer update rule")
         self.state["zo"] = {"step": 0, "seed": seed, "forward_passes": 0, "dropped": 0}
         self.state["transforms"] = [m.init(self._params()) for m in self._maps]
+        self.state["config"] = self._config()
         self.last_stats: StepStats | None = None
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, plus checks of the group's own ``lr`` and ``scale`` and of its dtypes."""
+        index = len(self.param_groups)
+        for key, lowest in (("lr", 0.0), ("scale", None)):
+            value = param_group.get(key, self.defaults[key])
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0 or (lowest is None and value == 0)):
+                bound = ">= 0" if lowest is not None else "> 0"
+                raise ValueError(f"param group {index}: {key} must be a finite number {bound}, "
+                                 f"got {value!r}")
+        super().add_param_group(param_group)
+        for p in self.param_groups[-1]["params"]:
+            if not p.is_floating_point():
+                raise TypeError(
+                    f"ZOOptimizer updates floating-point tensors; got dtype {p.dtype}. Integer "
+                    "(quantized) parameters need an integer update rule")
 
     # -- helpers -------------------------------------------------------------------------
     def _params(self) -> list[Tensor]:
@@ -191,6 +200,8 @@ class ZOOptimizer(torch.optim.Optimizer):
                 i += 1
         if est.is_lazy and not self._maps:
             # Apply Σ_k w_k ξ_k straight from the seeds: no gradient buffer (MeZO / PMT Alg. 1).
+            reach = sum(abs(w) for w in est.weights.tolist()) * self._direction_bound()
+            self._check_reach(params, names, lrs, [reach] * len(params))
             for k, w in enumerate(est.weights.tolist()):
                 if w == 0.0:
                     continue
@@ -207,12 +218,61 @@ class ZOOptimizer(torch.optim.Optimizer):
         state = self.state["transforms"]
         for m, st in zip(self._maps, state):
             grads = m.update(grads, st, infos, params)
+        self._check_reach(params, names, lrs, [float(torch.linalg.vector_norm(g, float("inf")))
+                                               for g in grads])
         for p, g, lr in zip(params, grads, lrs):
             p.data.sub_(g.to(p.dtype) * lr)
         return True
 
+    def _direction_bound(self) -> float:
+        """Largest |ξ| a direction can hold: 1 for Rademacher, z_max for the quantized
+        Gaussian; 8 covers torch's Gaussian (its 24-bit uniforms stay below 6 sigma)."""
+        return max(8.0, float(getattr(self.distribution, "z_max", 0.0)))
+
+    def _check_reach(self, params, names, lrs, steps) -> None:
+        """Refuse, weights untouched, an update that could leave the dtype's finite range:
+        ``max|θ| + lr·max|step|`` must stay finite (an absurd lr such as 1e308)."""
+        for j, (p, lr, step) in enumerate(zip(params, lrs, steps)):
+            if p.numel() == 0:
+                continue
+            low, high = torch.aminmax(p.detach())  # no |p| temporary: lean mode stays lean
+            reach = max(-float(low), float(high)) + abs(lr) * step
+            if not reach < torch.finfo(p.dtype).max:
+                raise ValueError(
+                    f"the update of {names[j]} with lr {lr:g} would take its weights beyond "
+                    f"the largest {p.dtype} (max |step| {step:g}); weights left unchanged, "
+                    "lower the group's lr")
+
     # -- state ---------------------------------------------------------------------------
+    def _config(self) -> dict:
+        """What a saved state is only valid for: the estimator, distribution, transforms and
+        schedule (their reprs), and the trainable tensors' shapes and dtypes, in order."""
+        return {
+            "estimator": repr(self.estimator),
+            "distribution": repr(self.distribution),
+            "transforms": [repr(t) for t in self.transforms],
+            "schedule": None if self.schedule is None else repr(self.schedule),
+            "params": [f"{str(p.dtype).removeprefix('torch.')}{list(p.shape)}"
+                       for p in self._params()],
+        }
+
+    def check_state_dict(self, state_dict) -> None:
+        """Raise ``ValueError`` naming the differences when ``state_dict`` was saved by an
+        optimizer set up differently (another estimator or transforms, other tensors):
+        loading it would silently drop momentum or fill buffers of the wrong shapes.
+        States saved before the configuration was recorded are accepted."""
+        saved = state_dict.get("state", {}).get("config") if isinstance(state_dict, dict) else None
+        if saved is None:
+            return
+        mine = self._config()
+        differ = [f"{key}: saved {saved.get(key)!r}, this optimizer {mine[key]!r}"
+                  for key in mine if saved.get(key) != mine[key]]
+        if differ:
+            raise ValueError("the optimizer state was saved by a ZOOptimizer set up "
+                             "differently; " + "; ".join(differ))
+
     def load_state_dict(self, state_dict) -> None:
+        self.check_state_dict(state_dict)
         # Deep-copy the non-parameter entries so later in-place updates (momentum) never
         # write into the caller's dict (e.g. a checkpoint still held in memory).
         state_dict = dict(state_dict)

@@ -83,8 +83,13 @@ class TensorQuant:
         """TFLite QUANTIZE: ``clamp(round(x / scale) + zero_point, -128, 127)`` as int8.
 
         The division is in float32 like TFLite's reference ``AffineQuantize``, and rounding is
-        half away from zero (``std::round``), not torch's half-to-even.
+        half away from zero (``std::round``), not torch's half-to-even. NaN and infinities are
+        refused (``ValueError``): clamping would silently turn them into 0 and +-127.
         """
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            bad = int((~torch.isfinite(x)).sum())
+            raise ValueError(f"cannot quantize an input with {bad} non-finite value(s) (nan / "
+                             f"inf) of {x.numel()}; clean or drop those samples first")
         v = x.to(torch.float32) / torch.tensor(self.scale, dtype=torch.float32, device=x.device)
         t = torch.trunc(v)
         # v - t is exact in float, so ties are detected exactly (floor(|v| + 0.5) is not).

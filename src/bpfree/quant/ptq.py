@@ -467,6 +467,9 @@ def _check_calibration_batch(batch) -> torch.Tensor:
                else type(batch).__name__)
         raise ValueError("calibration must be a float tensor or an iterable of float input "
                          f"tensors (or (input, target) pairs), got {got}")
+    if batch.numel() == 0:
+        raise ValueError(f"calibration batch of shape {list(batch.shape)} is empty: pass at "
+                         "least one input sample")
     return batch
 
 
@@ -515,6 +518,8 @@ def _calibrate(model: nn.Sequential, stages: list[_Stage], calibration, percenti
         except (TypeError, ValueError):
             raise ValueError(f"input_range must be a pair (lo, hi) of floats, got "
                              f"{input_range!r}") from None
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"input_range must be finite with lo < hi, got {input_range!r}")
         input_quant = tensor_quant_from_range(lo, hi)
     else:
         input_quant = tensor_quant_from_range(*input_obs.range())

@@ -1,0 +1,149 @@
+"""Output files: check a destination before the work, then write it atomically.
+
+Every command that writes a result (``--json``, ``--out``, checkpoints) goes through here:
+
+- :func:`check_output_path` runs *before* any work, so a bad destination (an empty string,
+  a directory, a device node, a folder under a regular file, an unwritable folder) fails in
+  a second with a message naming the option, instead of after a long run.
+- :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`write_json` write a
+  temporary file in the destination's folder, flush and fsync it, ``os.replace`` it over the
+  destination and fsync the folder: an interrupted write (Ctrl-C, a full disk, ``ulimit -f``,
+  SIGKILL) leaves the previous file intact and never a partial file under the final name.
+  A symlink destination is kept: the file it points to is replaced. The new file gets the
+  mode a plain ``open()`` would give it (``0o666`` less the umask).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_output_path",
+    "remove_stale_temporaries",
+    "write_json",
+]
+
+_TMP_SUFFIX = ".tmp"
+
+
+def _target(path: str | os.PathLike, what: str) -> Path:
+    """The file that will really be written: a symlink is followed to its target."""
+    if isinstance(path, str) and not path.strip():
+        raise ValueError(f"{what}: empty path; give a file name such as results/out.json")
+    return Path(os.path.realpath(os.fspath(path)))
+
+
+def _refuse_non_file(target: Path, shown: str, what: str) -> None:
+    try:
+        mode = os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file, or a path below a file (check_output_path names that case)
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{what}: {shown} is a directory; give a file name inside it")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{what}: {shown} is not a regular file (a device, FIFO or socket); "
+                         "give a file name")
+
+
+def check_output_path(path: str | os.PathLike, *, what: str = "output") -> Path:
+    """Check that ``path`` can be written as a file, before any work; return it as a Path.
+
+    Refused with a ``ValueError`` naming ``what`` (the option, e.g. ``--json``): an empty
+    path, a directory, a device node or FIFO, a path below a regular file, and a folder
+    where a file cannot be created (tested by creating and removing a temporary file).
+    Missing folders are fine when they can be created; they are created at write time.
+    """
+    shown = repr(os.fspath(path))
+    target = _target(path, what)
+    _refuse_non_file(target, shown, what)
+    folder = target.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{what}: cannot write {shown}: {folder} is a file, not a directory")
+    try:
+        probe = folder / f".{target.name}.{secrets.token_hex(6)}.probe"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"{what}: cannot write {shown}: {folder} is not writable "
+                         f"({err.strerror or err})") from None
+    return Path(path)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # platforms (Windows) or filesystems that cannot open a directory for fsync
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files a killed write of ``path`` left beside it; return them."""
+    target = _target(path, "path")
+    if not target.parent.is_dir():
+        return []
+    removed = []
+    for tmp in target.parent.glob(f".{target.name}.*{_TMP_SUFFIX}"):
+        token = tmp.name[len(target.name) + 2:-len(_TMP_SUFFIX)]
+        if len(token) == 12 and all(c in "0123456789abcdef" for c in token):
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                continue  # a read-only folder: loading must still work
+            removed.append(tmp)
+    return removed
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, what: str = "output") -> Path:
+    """Write ``data`` to ``path`` so that readers see either the old file or the complete
+    new one (see the module docstring); returns ``Path(path)``."""
+    target = _target(path, what)
+    _refuse_non_file(target, repr(os.fspath(path)), what)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}{_TMP_SUFFIX}"
+    # os.open with 0o666 lets the umask decide the final mode, like a plain open() would.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(target.parent)
+    return Path(path)
+
+
+def atomic_write_text(text: str, path: str | os.PathLike, *, what: str = "output") -> Path:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8 (newlines written as given)."""
+    return atomic_write_bytes(path, text.encode("utf-8"), what=what)
+
+
+def write_json(document: Any, path: str | os.PathLike, *, what: str = "--json",
+               indent: int | None = 2, default=None) -> Path:
+    """Strict JSON (NaN and infinities refused: they are not JSON), written atomically.
+
+    A document that cannot be serialised raises ``ValueError`` before the file is touched.
+    """
+    try:
+        text = json.dumps(document, indent=indent, default=default, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what}: the result for {os.fspath(path)} is not valid JSON: "
+                         f"{err}") from None
+    return atomic_write_text(text, path, what=what)
