@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..blocks import InvertedResidual, conv_bn
+from .mcunet import mcunet_in1, mcunet_in1_float
 from .vit import mnist_vit
 from bpfree.tt.mlp import tt_mlp_r6, tt_mlp_r10
 
@@ -31,38 +33,6 @@ def mnist_cnn() -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
-
-
-def conv_bn(cin: int, cout: int, kernel: int = 1, stride: int = 1, groups: int = 1,
-            activation: bool = True) -> nn.Sequential:
-    """Conv2d (no bias) + BatchNorm2d (+ ReLU6): the unit PTQ folds into one int8 conv."""
-    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups,
-                                         bias=False), nn.BatchNorm2d(cout)]
-    if activation:
-        layers.append(nn.ReLU6())
-    return nn.Sequential(*layers)
-
-
-class InvertedResidual(nn.Module):
-    """MobileNetV2 inverted-residual block: 1x1 expand, 3x3 depthwise, 1x1 linear project.
-
-    ``conv`` is the Sequential of the three conv-BN units; the block adds its input to the
-    output when ``use_residual`` (stride 1 and equal channels), as in MobileNetV2 / MCUNet.
-    """
-
-    def __init__(self, cin: int, cout: int, stride: int = 1, expand: int = 2) -> None:
-        super().__init__()
-        if stride not in (1, 2):
-            raise ValueError(f"stride must be 1 or 2, got {stride!r}")
-        hidden = cin * expand
-        self.use_residual = stride == 1 and cin == cout
-        self.conv = nn.Sequential(conv_bn(cin, hidden, 1),
-                                  conv_bn(hidden, hidden, 3, stride, groups=hidden),
-                                  conv_bn(hidden, cout, 1, activation=False))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.conv(x)
-        return x + out if self.use_residual else out
 
 
 def mnist_mobilenet(num_classes: int = 10) -> nn.Sequential:
@@ -108,9 +78,6 @@ MODELS = {spec.name: spec for spec in (
     ModelSpec("mcunet-in1", lambda: mcunet_in1_float(), (3, 128, 128),
               "PMT's INT8 MCUNet-in1, 128x128: float mirror of ../shared/models/mcunet-in1-int8"),
 )}
-
-
-from .mcunet import mcunet_in1, mcunet_in1_float  # noqa: E402 (after InvertedResidual: quant.ptq imports it)
 
 
 def list_models() -> list[str]:

@@ -61,6 +61,7 @@ from torch import nn
 from ..quant.fixed_point import INT8_MAX, INT8_MIN
 from ..quant.layers import QAdd, QConv2d, QGlobalAvgPool2d, QLinear, _check_int8_input
 from ..quant.params import TensorQuant
+from ..quant.stages import QInvertedResidual, QuantizedModel, stage_output_quant
 
 __all__ = [
     "DEFAULT_DIRNAME",
@@ -417,8 +418,6 @@ def load_quantized(path=None, *, requant: str = "tflite", backend: str = "auto",
         backend: epilogue backend of the TFLite layers ("auto", "torch", "numba").
         input_hw: spatial size of the input (128 for MCUNet-in1).
     """
-    from ..quant.ptq import QInvertedResidual, QuantizedModel, stage_output_quant
-
     if requant not in REQUANT_RULES:
         raise ValueError(f"requant must be one of {REQUANT_RULES}, got {requant!r}")
     graph = load_graph(path)

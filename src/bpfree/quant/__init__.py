@@ -49,22 +49,14 @@ from .params import (
     TensorQuant,
     WeightQuant,
 )
-from .ptq import (
-    QInvertedResidual,
-    QMaxPool2d,
-    QuantizedModel,
-    fold_batchnorm,
-    quantize_model,
-    quantize_weights,
-    stage_output_quant,
-    tensor_quant_from_range,
-    trainable_layers,
-)
+from .ptq import fold_batchnorm, quantize_model, quantize_weights, tensor_quant_from_range
+from .stages import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
 from .twin import (
     FloatTwin,
     TwinConv2d,
     TwinLinear,
     float_twin,
+    trainable_layers,
     write_back,
 )
 

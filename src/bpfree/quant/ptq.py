@@ -16,6 +16,8 @@ that model from a float network, following the TFLite int8 quantization specific
 * ReLU / ReLU6 after a convolution or linear layer fused as a clamp of its output range;
 * residual ADD requantized with its own calibrated output range (:class:`~.layers.QAdd`).
 
+The integer stages it builds (:class:`~.stages.QuantizedModel` and the blocks
+:mod:`.layers` does not provide) live in :mod:`.stages`; this module is the converter only.
 The result is a :class:`QuantizedModel` whose ``body`` is an ``nn.Sequential`` with one int8
 stage per top-level stage of the float ``nn.Sequential`` (``body[k]`` corresponds to
 ``model[k]``), the layout :mod:`bpfree.pmt` trains stage by stage.
@@ -29,10 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..models import InvertedResidual
+from ..blocks import InvertedResidual
 from .fixed_point import INT8_MAX, INT8_MIN
 from .layers import (
     QAdd,
@@ -44,9 +45,9 @@ from .layers import (
     QReLU,
     _ACCUMULATE,
     _BACKENDS,
-    _check_int8_input,
 )
 from .params import TensorQuant, WeightQuant
+from .stages import QInvertedResidual, QMaxPool2d, QuantizedModel
 
 #: Weights are quantized to [-127, 127] (TFLite spec: symmetric int8 weights avoid -128).
 WEIGHT_QMAX = 127
@@ -58,109 +59,6 @@ BIAS_MAX = 2**24
 #: [0, 0] has no scale.
 MIN_RANGE = 2.0**-20
 
-_AFFINE = (QConv2d, QLinear)
-
-
-# ---------------------------------------------------------------------------------------------
-# Integer stages that layers.py does not provide
-# ---------------------------------------------------------------------------------------------
-
-
-class QMaxPool2d(nn.Module):
-    """Int8 max pooling (TFLite ``MaxPool``): input and output share one quantization.
-
-    The maximum commutes with the monotone affine dequantization, so pooling the int8 values is
-    exact; padded positions never win (PyTorch pads with -inf, TFLite skips them).
-    """
-
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1,
-                 ceil_mode: bool = False) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = kernel_size if stride is None else stride
-        self.padding = padding
-        self.dilation = dilation
-        self.ceil_mode = bool(ceil_mode)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_int8_input(x)
-        # float32 holds every int8 value exactly; max is exact.
-        out = F.max_pool2d(x.to(torch.float32), self.kernel_size, self.stride, self.padding,
-                           self.dilation, self.ceil_mode)
-        return out.to(torch.int8)
-
-    def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, dilation={self.dilation}, ceil_mode={self.ceil_mode}")
-
-
-class QInvertedResidual(nn.Module):
-    """Int8 MobileNetV2 inverted-residual block: ``body`` (1x1 expand + ReLU6, 3x3 depthwise +
-    ReLU6, 1x1 linear project, each a :class:`~.layers.QConv2d` with BN folded) and, when the
-    float block has a residual, ``add`` (:class:`~.layers.QAdd`, TFLite's requantized ADD) of
-    the block input and the projection."""
-
-    def __init__(self, body: nn.Sequential, add: QAdd | None) -> None:
-        super().__init__()
-        self.body = body
-        self.add = add
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.body(x)
-        return out if self.add is None else self.add(x, out)
-
-
-class QuantizedModel(nn.Module):
-    """A real-quantized model: int8 stages between an input quantizer and an output dequantizer.
-
-    ``body`` is an ``nn.Sequential`` of stages that each map one int8 tensor to one int8 tensor
-    (``body[k]`` is the integer form of the float model's ``model[k]``). ``stage_quants[k]`` is
-    the :class:`TensorQuant` of the output of ``body[k]``; the input of stage 0 is
-    ``input_quant``, the logits are ``output_quant`` (= ``stage_quants[-1]``).
-    """
-
-    def __init__(self, body: nn.Sequential, input_quant: TensorQuant,
-                 stage_quants: Iterable[TensorQuant]) -> None:
-        super().__init__()
-        if not isinstance(body, nn.Sequential) or len(body) == 0:
-            raise ValueError(f"body must be a non-empty nn.Sequential of int8 stages, got {body!r}")
-        self.body = body
-        self.input_quant = input_quant
-        self.stage_quants = tuple(stage_quants)
-        if len(self.stage_quants) != len(body):
-            raise ValueError(f"stage_quants must have one TensorQuant per stage ({len(body)}), "
-                             f"got {len(self.stage_quants)}")
-        self.output_quant = self.stage_quants[-1]
-
-    def quantize_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Float images to the int8 input (TFLite QUANTIZE with ``input_quant``)."""
-        return self.input_quant.quantize(x)
-
-    def forward_int(self, xq: torch.Tensor) -> torch.Tensor:
-        """int8 input to int8 logits (``output_quant``)."""
-        _check_int8_input(xq)
-        return self.body(xq)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Float (or already int8) input to dequantized float logits."""
-        xq = x if x.dtype == torch.int8 else self.quantize_input(x)
-        return self.output_quant.dequantize(self.forward_int(xq))
-
-    def extra_repr(self) -> str:
-        return f"input={self.input_quant}, output={self.output_quant}"
-
-
-def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(qualified name, module)`` of every QConv2d / QLinear in forward order.
-
-    Works on a :class:`QuantizedModel` and on its float twin (:class:`~.twin.FloatTwin`, whose
-    affine layers carry the same names). Forward order is registration order: stages are
-    visited in ``body`` order and a block's convolutions before its ``add``.
-    """
-    from .twin import TwinConv2d, TwinLinear  # twin imports this module
-
-    kinds = _AFFINE + (TwinConv2d, TwinLinear)
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,12 +535,3 @@ def quantize_model(model: nn.Module, calibration, *, input_range: tuple[float, f
         q = q_out
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return QuantizedModel(nn.Sequential(*body), input_quant, stage_quants).to(device)
-
-
-def stage_output_quant(stage: nn.Module, input_quant: TensorQuant) -> TensorQuant:
-    """The output :class:`TensorQuant` of an int8 stage given its input's."""
-    if isinstance(stage, (QConv2d, QLinear, QGlobalAvgPool2d)):
-        return stage.output_quant
-    if isinstance(stage, QInvertedResidual):
-        return stage.add.output_quant if stage.add is not None else stage.body[-1].output_quant
-    return input_quant

@@ -32,7 +32,7 @@ from torch import nn
 from .fixed_point import INT8_MAX, INT8_MIN, INT32_MAX, INT32_MIN
 from .layers import QAdd, QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear, QReLU
 from .params import TensorQuant
-from .ptq import QInvertedResidual, QMaxPool2d, stage_output_quant, trainable_layers
+from .stages import QInvertedResidual, QMaxPool2d, stage_output_quant
 
 #: int32 biases up to this magnitude are exact in a float32 Parameter; larger ones get float64.
 FLOAT32_EXACT_INT = 2**24
@@ -301,3 +301,14 @@ def write_back(twin: nn.Module, qmodel: nn.Module) -> None:
         for q, w_int, b_int in updates:
             q.weight.copy_(w_int.to(q.weight.device))
             q.bias.copy_(b_int.to(q.bias.device))
+
+
+def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every QConv2d / QLinear in forward order.
+
+    Works on a :class:`QuantizedModel` and on its float twin (:class:`~.twin.FloatTwin`, whose
+    affine layers carry the same names). Forward order is registration order: stages are
+    visited in ``body`` order and a block's convolutions before its ``add``.
+    """
+    kinds = (QConv2d, QLinear, TwinConv2d, TwinLinear)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
