@@ -1,0 +1,66 @@
+"""LiteRT's interpreter as the oracle: files bpfree saves run in LiteRT with identical outputs.
+
+BUILTIN_REF selects LiteRT's reference kernels, the bit-exact target of bpfree.quant (the
+optimized kernels and XNNPACK may differ by one unit on ties). Skipped without ai-edge-litert
+(a dev dependency: `pip install -c constraints.txt -e ".[dev]"`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+litert = pytest.importorskip(
+    "ai_edge_litert.interpreter",
+    reason="ai-edge-litert (LiteRT's interpreter, the oracle) is not installed; install the "
+           "dev extra: pip install -c constraints.txt -e '.[dev]'")
+
+from bpfree import tflite as bt  # noqa: E402
+from test_tflite import MODELS, int8_inputs, quantized  # noqa: E402
+
+
+def run_litert(data: bytes, x: torch.Tensor) -> np.ndarray:
+    """LiteRT (reference kernels) on the NCHW int8 batch ``x`` (NHWC for the file)."""
+    interpreter = litert.Interpreter(
+        model_content=data,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_REF)
+    inp = interpreter.get_input_details()[0]
+    xin = x.permute(0, 2, 3, 1).numpy() if x.dim() == 4 else x.numpy()
+    interpreter.resize_tensor_input(inp["index"], list(xin.shape))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(inp["index"], np.ascontiguousarray(xin))
+    interpreter.invoke()
+    return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+
+
+@pytest.mark.parametrize("name, build, shape", MODELS, ids=[m[0] for m in MODELS])
+def test_litert_output_equals_bpfree_forward(name, build, shape):
+    for seed in (0, 1):
+        q = quantized(build, shape, seed=seed)
+        data = bt.to_bytes(q, shape)
+        x = int8_inputs(shape, n=32, seed=seed)
+        ours = q.forward_int(x).numpy()
+        theirs = run_litert(data, x)
+        assert theirs.dtype == np.int8
+        np.testing.assert_array_equal(theirs.reshape(ours.shape), ours)
+        loaded = bt.from_bytes(data)  # and the model loaded back from the file
+        np.testing.assert_array_equal(loaded.forward_int(x).numpy(), ours)
+
+
+def test_litert_runs_the_trained_integers(tmp_path):
+    """Train a loaded model with PMT, save it: LiteRT computes the adapted model."""
+    from bpfree.pmt import PMTConfig, PMTTrainer, fit
+
+    q = quantized(MODELS[2][1], MODELS[2][2])
+    model = bt.from_bytes(bt.to_bytes(q, (1, 28, 28)))
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(16, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (16,), generator=g)
+    fit(PMTTrainer(model, PMTConfig(queries=2), example=x), x, y, epochs=1, batch_size=16,
+        lr=0.5)
+    path = tmp_path / "adapted.tflite"
+    bt.save(model, path)
+    xq = int8_inputs((1, 28, 28), n=8)
+    np.testing.assert_array_equal(run_litert(path.read_bytes(), xq).reshape(8 + 3, -1),
+                                  model.forward_int(xq).numpy())
