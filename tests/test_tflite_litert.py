@@ -64,3 +64,27 @@ def test_litert_runs_the_trained_integers(tmp_path):
     xq = int8_inputs((1, 28, 28), n=8)
     np.testing.assert_array_equal(run_litert(path.read_bytes(), xq).reshape(8 + 3, -1),
                                   model.forward_int(xq).numpy())
+
+
+def test_mcunet_in1_in_litert_gives_bpfree_classify_logits(tmp_path):
+    """MCUNet-in1 saved as .tflite: LiteRT's logits on the sample photos are those of
+    ``bpfree classify`` run with LiteRT's kernel rules (the TFLite Micro rules of the default
+    model differ in the MEAN and the classifier, on up to 18% of the logits by a few units)."""
+    from bpfree.classify import classify, sample_image
+    from bpfree.models.mcunet import default_model_dir, mcunet_in1, preprocess_image
+
+    if not (default_model_dir() / "graph.json").is_file():
+        pytest.skip(f"MCUNet-in1 files not found in {default_model_dir()} (set BPFREE_MODELS)")
+    pytest.importorskip("skimage.data", reason="scikit-image provides the sample photos")
+    model = mcunet_in1()
+    assert bt.use_litert_kernels(model) == 2  # the classifier and the global pooling
+    path = tmp_path / "mcunet-in1.tflite"
+    bt.save(model, path, input_shape=(3, 128, 128))
+    data = path.read_bytes()
+    for name, top1 in (("chelsea", 285), ("coffee", 967)):
+        image = sample_image(name)
+        x = preprocess_image(image).reshape(1, 3, 128, 128)
+        theirs = run_litert(data, x).reshape(-1)
+        result = classify(image, model)
+        np.testing.assert_array_equal(theirs, np.array(result["logits"], dtype=np.int8))
+        assert result["topk"][0] == top1 and int(theirs.argmax()) == top1
