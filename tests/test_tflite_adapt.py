@@ -1,0 +1,124 @@
+"""`bpfree adapt`: adapting a .tflite end to end, its report, its errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bpfree import tflite as bt
+from bpfree.cli import main
+from test_tflite import _file, quantized, small_mlp
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A quantized MLP saved as .tflite and a learnable 5-class task as .npz."""
+    root = tmp_path_factory.mktemp("adapt")
+    bt.save(quantized(small_mlp, (20,), seed=3), root / "model.tflite", input_shape=(20,))
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(500, 20, generator=g)
+    np.savez(root / "data.npz", x=x.numpy(), y=x[:, :5].argmax(-1).numpy())
+    (root / "softmax.tflite").write_bytes(_file(tflite_op("SOFTMAX")))
+    return root
+
+
+def tflite_op(name: str) -> int:
+    from bpfree.tflite.schema import tflite
+
+    return getattr(tflite.BuiltinOperator, name)
+
+
+def test_adapt_raises_validation_accuracy_and_writes_a_loadable_file(files, tmp_path, capsys):
+    out, report = tmp_path / "adapted.tflite", tmp_path / "report.json"
+    rc = main(["adapt", str(files / "model.tflite"), "--data", str(files / "data.npz"),
+               "--out", str(out), "--epochs", "10", "--lr", "0.2", "--quiet",
+               "--json", str(report)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "validation accuracy" in text and "forward passes" in text
+    doc = json.loads(report.read_text())
+    assert doc["validation"] == 100 and doc["train"] == 400
+    assert doc["val_accuracy_after"] > doc["val_accuracy_before"] + 10
+    assert doc["forwards"] > 0 and doc["loss_last"] < doc["loss_first"]
+    adapted = bt.load(out)
+    x = torch.from_numpy(np.load(files / "data.npz")["x"])
+    assert not torch.equal(adapted(x), bt.load(files / "model.tflite")(x))
+
+
+def test_adapt_pmt_sparse_trains_one_block(files, tmp_path):
+    out, report = tmp_path / "adapted.tflite", tmp_path / "report.json"
+    rc = main(["adapt", str(files / "model.tflite"), "--data", str(files / "data.npz"),
+               "--out", str(out), "--method", "pmt-sparse", "--epochs", "2", "--lr", "0.2",
+               "--quiet", "--json", str(report)])
+    assert rc == 0
+    doc = json.loads(report.read_text())
+    chosen = doc["selection"]["blocks"][doc["selection"]["chosen"] - 1]
+    assert doc["trained_layers"] == chosen
+    assert doc["forwards"] > doc["selection"]["forwards"]
+
+
+def test_unsupported_operator_is_refused_before_training(files, tmp_path, capsys):
+    out = tmp_path / "adapted.tflite"
+    out.write_bytes(b"previous")
+    rc = main(["adapt", str(files / "softmax.tflite"), "--data", str(files / "data.npz"),
+               "--out", str(out), "--quiet"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "operator 0 (SOFTMAX)" in err and "unsupported operator" in err
+    assert out.read_bytes() == b"previous"
+    corrupt = tmp_path / "corrupt.tflite"
+    corrupt.write_bytes((files / "model.tflite").read_bytes()[:200])
+    assert main(["adapt", str(corrupt), "--data", str(files / "data.npz"), "--out", str(out),
+                 "--quiet"]) == 1
+    assert out.read_bytes() == b"previous"
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--queries", "0"], "--queries must be >= 1"),
+    (["--validation", "1.5"], "--validation must lie in"),
+    (["--lr", "nan"], "--lr must be"),
+])
+def test_bad_options_are_usage_errors(files, tmp_path, capsys, extra, match):
+    rc = main(["adapt", str(files / "model.tflite"), "--data", str(files / "data.npz"),
+               "--out", str(tmp_path / "o.tflite"), *extra])
+    assert rc == 2 and match in capsys.readouterr().err
+    assert not (tmp_path / "o.tflite").exists()
+
+
+def test_bad_data_and_missing_files_are_usage_errors(files, tmp_path, capsys):
+    def run(data, model=files / "model.tflite"):
+        return main(["adapt", str(model), "--data", str(data), "--out",
+                     str(tmp_path / "o.tflite"), "--quiet"])
+
+    np.savez(tmp_path / "nolabels.npz", x=np.zeros((4, 20), np.float32))
+    assert run(tmp_path / "nolabels.npz") == 2
+    assert "missing ['y']" in capsys.readouterr().err
+    np.savez(tmp_path / "shape.npz", x=np.zeros((4, 21), np.float32), y=np.zeros(4, np.int64))
+    assert run(tmp_path / "shape.npz") == 2
+    assert "the model takes (20,)" in capsys.readouterr().err
+    np.savez(tmp_path / "labels.npz", x=np.zeros((10, 20), np.float32),
+             y=np.full(10, 7, np.int64))
+    assert run(tmp_path / "labels.npz") == 2
+    assert "labels must lie in [0, 5)" in capsys.readouterr().err
+    (tmp_path / "junk.npz").write_bytes(b"junk")
+    assert run(tmp_path / "junk.npz") == 2
+    assert "not a readable .npz" in capsys.readouterr().err
+    assert run(tmp_path / "missing.npz") == 2
+    assert run(files / "data.npz", model=tmp_path / "missing.tflite") == 2
+    assert not (tmp_path / "o.tflite").exists()
+    with pytest.raises(SystemExit) as exc:  # argparse: --data and --out are required
+        main(["adapt", str(files / "model.tflite")])
+    assert exc.value.code == 2
+
+
+def test_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["adapt", "--help"])
+    text = capsys.readouterr().out
+    for option in ("--data", "--out", "--method", "--epochs", "--queries", "--lr",
+                   "--batch-size", "--validation", "--seed", "--json", "exit status"):
+        assert option in text
