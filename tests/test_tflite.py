@@ -187,3 +187,90 @@ def test_truncated_and_corrupt_files_raise_a_clear_error(tmp_path):
             pass
     with pytest.raises(FileNotFoundError):
         bt.load(tmp_path / "missing.tflite")
+
+
+# ------------------------------------------------- graphs bpfree's writer does not produce
+
+
+def converter_style_file(seed: int = 0) -> bytes:
+    """A graph like the TFLite converter's: float QUANTIZE / DEQUANTIZE edges, asymmetric SAME
+    padding (stride 2 on an even size), per-tensor weights, a depth multiplier of 2, a residual
+    ADD with its inputs in the other order, average and max pooling, a standalone PAD."""
+    from bpfree.tflite.writer import _options, _Tensor
+
+    rng = np.random.default_rng(seed)
+    T, O, B = tflite.TensorType, tflite.BuiltinOperator, tflite.BuiltinOptions
+    g = _Graph()
+    q = [TensorQuant(0.02, 3), TensorQuant(0.05, -128), TensorQuant(6 / 255, -128),
+         TensorQuant(0.04, 5), TensorQuant(0.06, -10), TensorQuant(0.1, 2)]
+
+    def weights(shape, scales, axis, name):
+        w = rng.integers(-127, 128, shape).astype(np.int8)
+        return g.const(w, T.INT8, name, tuple(scales), (0,) * len(scales), axis)
+
+    def bias(n, s_in, scales, name):
+        b = rng.integers(-2000, 2000, n).astype("<i4")
+        return g.const(b, T.INT32, name, tuple(s_in * s for s in scales), (0,) * n)
+
+    x = g.tensor(_Tensor((1, 8, 8, 3), T.FLOAT32, "image"))
+    q0 = g.activation((1, 8, 8, 3), q[0], "q0")
+    g.ops.append(_Op(O.QUANTIZE, [x], [q0], B.QuantizeOptions, _options("QuantizeOptions")))
+    s1 = [0.01]  # per-tensor
+    c1 = g.activation((1, 4, 4, 6), q[1], "c1")
+    g.ops.append(_Op(O.CONV_2D, [q0, weights((6, 3, 3, 3), s1, 0, "w1"),
+                                 bias(6, q[0].scale, s1 * 6, "b1")], [c1], B.Conv2DOptions,
+                     _options("Conv2DOptions", padding=tflite.Padding.SAME, stride_h=2,
+                              stride_w=2, fused_activation_function=1)))
+    s2 = list(rng.uniform(0.005, 0.02, 12))
+    d2 = g.activation((1, 4, 4, 12), q[2], "d2")
+    g.ops.append(_Op(O.DEPTHWISE_CONV_2D, [c1, weights((1, 3, 3, 12), s2, 3, "w2"),
+                                           bias(12, q[1].scale, s2, "b2")], [d2],
+                     B.DepthwiseConv2DOptions,
+                     _options("DepthwiseConv2DOptions", padding=tflite.Padding.SAME,
+                              stride_h=1, stride_w=1, depth_multiplier=2,
+                              fused_activation_function=3)))
+    s3 = list(rng.uniform(0.002, 0.01, 12))
+    c3 = g.activation((1, 4, 4, 12), q[3], "c3")
+    g.ops.append(_Op(O.CONV_2D, [d2, weights((12, 1, 1, 12), s3, 0, "w3"),
+                                 bias(12, q[2].scale, s3, "b3")], [c3], B.Conv2DOptions,
+                     _options("Conv2DOptions", padding=tflite.Padding.VALID, stride_h=1,
+                              stride_w=1)))
+    a4 = g.activation((1, 4, 4, 12), q[4], "a4")
+    g.ops.append(_Op(O.ADD, [c3, d2], [a4], B.AddOptions, _options("AddOptions")))
+    p5 = g.activation((1, 2, 2, 12), q[4], "p5")
+    pool = dict(padding=tflite.Padding.VALID, stride_h=2, stride_w=2, filter_height=2,
+                filter_width=2)
+    g.ops.append(_Op(O.AVERAGE_POOL_2D, [a4], [p5], B.Pool2DOptions,
+                     _options("Pool2DOptions", **pool)))
+    pads = g.int32(np.array([[0, 0], [1, 1], [1, 1], [0, 0]]), "paddings")
+    p6 = g.activation((1, 4, 4, 12), q[4], "p6")
+    g.ops.append(_Op(O.PAD, [p5, pads], [p6], B.PadOptions, _options("PadOptions")))
+    m7 = g.activation((1, 2, 2, 12), q[4], "m7")
+    g.ops.append(_Op(O.MAX_POOL_2D, [p6], [m7], B.Pool2DOptions,
+                     _options("Pool2DOptions", **pool)))
+    r8 = g.activation((1, 48), q[4], "r8")
+    g.ops.append(_Op(O.RESHAPE, [m7, g.int32([-1, 48], "shape")], [r8], B.ReshapeOptions,
+                     _options("ReshapeOptions", new_shape=[-1, 48])))
+    s9 = [0.004]
+    f9 = g.activation((1, 5), q[5], "f9")
+    g.ops.append(_Op(O.FULLY_CONNECTED, [r8, weights((5, 48), s9, 0, "w9"),
+                                         bias(5, q[4].scale, s9 * 5, "b9")], [f9],
+                     B.FullyConnectedOptions, _options("FullyConnectedOptions")))
+    y = g.tensor(_Tensor((1, 5), T.FLOAT32, "logits"))
+    g.ops.append(_Op(O.DEQUANTIZE, [f9], [y], B.DequantizeOptions,
+                     _options("DequantizeOptions")))
+    return _serialize(g, x, y)
+
+
+def test_converter_style_graph_loads_into_bpfree_stages():
+    model = bt.from_bytes(converter_style_file())
+    kinds = [type(m).__name__ for m in model.body]
+    assert kinds == ["QPad", "QConv2d", "QConv2d", "QInvertedResidual", "QAvgPool2d", "QPad",
+                     "QMaxPool2d", "QFlatten", "FloatRuleLinear"]
+    assert model.body[0].pads == (0, 1, 0, 1)  # SAME, stride 2 on 8: nothing before, 1 after
+    depthwise, block = model.body[2], model.body[3]
+    assert depthwise.groups == 6 and depthwise.out_channels == 12  # depth multiplier 2
+    assert len(block.body) == 1 and block.add is not None  # ADD(branch, input) reversed
+    assert model.input_shape == (3, 8, 8) and model.input_quant == TensorQuant(0.02, 3)
+    out = model(torch.rand(2, 3, 8, 8))
+    assert out.dtype == torch.float32 and out.shape == (2, 5)

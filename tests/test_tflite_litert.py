@@ -88,3 +88,21 @@ def test_mcunet_in1_in_litert_gives_bpfree_classify_logits(tmp_path):
         result = classify(image, model)
         np.testing.assert_array_equal(theirs, np.array(result["logits"], dtype=np.int8))
         assert result["topk"][0] == top1 and int(theirs.argmax()) == top1
+
+
+def test_converter_style_graph_matches_litert():
+    """Float in, float out, asymmetric SAME padding, per-tensor weights, depth multiplier 2, a
+    reversed residual ADD, pooling and PAD (tests/test_tflite.py:converter_style_file)."""
+    from test_tflite import converter_style_file
+
+    for seed in (0, 1, 2):
+        data = converter_style_file(seed)
+        model = bt.from_bytes(data)
+        g = torch.Generator().manual_seed(seed)
+        x = torch.cat([torch.rand(16, 3, 8, 8, generator=g) * 6 - 3,
+                       torch.full((1, 3, 8, 8), 100.0), torch.full((1, 3, 8, 8), -100.0)])
+        np.testing.assert_array_equal(run_litert(data, x), model(x).numpy())
+        # and the file bpfree writes for the loaded model computes the same
+        xq = model.quantize_input(x)
+        np.testing.assert_array_equal(run_litert(bt.to_bytes(model), xq),
+                                      model.forward_int(xq).numpy())
