@@ -11,27 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-litert = pytest.importorskip(
-    "ai_edge_litert.interpreter",
-    reason="ai-edge-litert (LiteRT's interpreter, the oracle) is not installed; install the "
-           "dev extra: pip install -c constraints.txt -e '.[dev]'")
+from bpfree import tflite as bt
+from bpfree.tflite.oracle import REASON, litert_available, run_litert
+from test_tflite import MODELS, int8_inputs, quantized
 
-from bpfree import tflite as bt  # noqa: E402
-from test_tflite import MODELS, int8_inputs, quantized  # noqa: E402
-
-
-def run_litert(data: bytes, x: torch.Tensor) -> np.ndarray:
-    """LiteRT (reference kernels) on the NCHW int8 batch ``x`` (NHWC for the file)."""
-    interpreter = litert.Interpreter(
-        model_content=data,
-        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_REF)
-    inp = interpreter.get_input_details()[0]
-    xin = x.permute(0, 2, 3, 1).numpy() if x.dim() == 4 else x.numpy()
-    interpreter.resize_tensor_input(inp["index"], list(xin.shape))
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(inp["index"], np.ascontiguousarray(xin))
-    interpreter.invoke()
-    return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+pytestmark = pytest.mark.skipif(not litert_available(), reason=REASON)
 
 
 @pytest.mark.parametrize("name, build, shape", MODELS, ids=[m[0] for m in MODELS])
