@@ -98,7 +98,8 @@ def test_a_loaded_model_trains_with_pmt(tmp_path):
     # The trained integers go into the file and come back unchanged.
     bt.save(model, path)
     again = bt.load(path)
-    assert torch.equal(again.forward_int(q.quantize_input(x)), model.forward_int(q.quantize_input(x)))
+    xq = q.quantize_input(x)
+    assert torch.equal(again.forward_int(xq), model.forward_int(xq))
 
 
 def test_save_refuses_the_reference_mean_rule_and_layers_without_an_operator(tmp_path):
@@ -153,10 +154,31 @@ def _file(op_code: int, in_type=tflite.TensorType.INT8, out_type=tflite.TensorTy
 
 def test_unsupported_operator_is_named_with_its_index_and_tensor():
     with pytest.raises(bt.TFLiteFormatError,
-                       match=r"operator 0 \(SOFTMAX\) on tensor 0 'x': unsupported operator"):
-        bt.from_bytes(_file(tflite.BuiltinOperator.SOFTMAX))
-    with pytest.raises(bt.TFLiteFormatError, match=r"operator 0 \(TANH\)"):
+                       match=r"operator 0 \(TANH\) on tensor 0 'x': unsupported operator"):
         bt.from_bytes(_file(tflite.BuiltinOperator.TANH))
+    with pytest.raises(bt.TFLiteFormatError, match=r"operator 0 \(LOGISTIC\)"):
+        bt.from_bytes(_file(tflite.BuiltinOperator.LOGISTIC))
+    # SOFTMAX is supported, with LiteRT's output quantization only
+    with pytest.raises(bt.TFLiteFormatError,
+                       match=r"operator 0 \(SOFTMAX\) on tensor 1 'y': SOFTMAX output must"):
+        bt.from_bytes(_file(tflite.BuiltinOperator.SOFTMAX))
+
+
+def with_softmax(q: QuantizedModel, beta: float = 1.0) -> QuantizedModel:
+    from bpfree.tflite.softmax import OUTPUT_QUANT
+
+    return QuantizedModel(nn.Sequential(*q.body, bt.QSoftmax(q.output_quant, beta)),
+                          q.input_quant, (*q.stage_quants, OUTPUT_QUANT))
+
+
+def test_softmax_round_trips_and_is_not_trained(tmp_path):
+    model = with_softmax(quantized(small_mlp, (20,)), beta=0.5)
+    loaded = bt.from_bytes(bt.to_bytes(model, (20,)))
+    assert isinstance(loaded.body[-1], bt.QSoftmax) and loaded.body[-1].beta == 0.5
+    x = int8_inputs((20,))
+    assert torch.equal(loaded.forward_int(x), model.forward_int(x))
+    probs = loaded.output_quant.dequantize(loaded.forward_int(x))
+    assert torch.allclose(probs.sum(-1), torch.ones(x.shape[0]), atol=0.05)
 
 
 @pytest.mark.parametrize("ttype, match", [(tflite.TensorType.FLOAT32, "float activations"),

@@ -21,7 +21,7 @@ def files(tmp_path_factory):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(500, 20, generator=g)
     np.savez(root / "data.npz", x=x.numpy(), y=x[:, :5].argmax(-1).numpy())
-    (root / "softmax.tflite").write_bytes(_file(tflite_op("SOFTMAX")))
+    (root / "tanh.tflite").write_bytes(_file(tflite_op("TANH")))
     return root
 
 
@@ -63,11 +63,11 @@ def test_adapt_pmt_sparse_trains_one_block(files, tmp_path):
 def test_unsupported_operator_is_refused_before_training(files, tmp_path, capsys):
     out = tmp_path / "adapted.tflite"
     out.write_bytes(b"previous")
-    rc = main(["adapt", str(files / "softmax.tflite"), "--data", str(files / "data.npz"),
+    rc = main(["adapt", str(files / "tanh.tflite"), "--data", str(files / "data.npz"),
                "--out", str(out), "--quiet"])
     assert rc == 1
     err = capsys.readouterr().err
-    assert "operator 0 (SOFTMAX)" in err and "unsupported operator" in err
+    assert "operator 0 (TANH)" in err and "unsupported operator" in err
     assert out.read_bytes() == b"previous"
     corrupt = tmp_path / "corrupt.tflite"
     corrupt.write_bytes((files / "model.tflite").read_bytes()[:200])
@@ -122,3 +122,19 @@ def test_help_explains_every_option(capsys):
     for option in ("--data", "--out", "--method", "--epochs", "--queries", "--lr",
                    "--batch-size", "--validation", "--seed", "--json", "exit status"):
         assert option in text
+
+
+def test_a_trailing_softmax_is_kept_and_not_trained(files, tmp_path):
+    from test_tflite import with_softmax
+
+    model = with_softmax(bt.load(files / "model.tflite"))
+    bt.save(model, tmp_path / "softmax-model.tflite", input_shape=(20,))
+    out, report = tmp_path / "adapted.tflite", tmp_path / "report.json"
+    rc = main(["adapt", str(tmp_path / "softmax-model.tflite"), "--data",
+               str(files / "data.npz"), "--out", str(out), "--epochs", "10", "--lr", "0.2",
+               "--quiet", "--json", str(report)])
+    assert rc == 0
+    doc = json.loads(report.read_text())
+    assert doc["val_accuracy_after"] > doc["val_accuracy_before"] + 10
+    adapted = bt.load(out)
+    assert isinstance(adapted.body[-1], bt.QSoftmax)

@@ -90,3 +90,30 @@ def test_converter_style_graph_matches_litert():
         xq = model.quantize_input(x)
         np.testing.assert_array_equal(run_litert(bt.to_bytes(model), xq),
                                       model.forward_int(xq).numpy())
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.1, 0.37, 1.0, 10.0, 40.0])
+def test_int8_softmax_matches_litert(scale):
+    """gemmlowp's fixed-point exp and reciprocal, across input scales that move diff_min from
+    -1984 (nothing cut) to 0 (only the maximum survives)."""
+    from bpfree.quant import QuantizedModel, TensorQuant
+    from bpfree.tflite.softmax import OUTPUT_QUANT
+
+    g = torch.Generator().manual_seed(0)
+    for zero_point, beta in ((0, 1.0), (-128, 0.5), (17, 2.0)):
+        q = TensorQuant(scale, zero_point)
+        model = QuantizedModel(torch.nn.Sequential(bt.QSoftmax(q, beta)), q, (OUTPUT_QUANT,))
+        x = torch.randint(-128, 128, (1000, 10), dtype=torch.int8, generator=g)
+        x[0], x[1], x[2] = 127, -128, 5  # equal logits
+        x[3, 3] = 6
+        np.testing.assert_array_equal(run_litert(bt.to_bytes(model, (10,)), x),
+                                      model.forward_int(x).numpy())
+
+
+def test_softmax_model_matches_litert():
+    from test_tflite import with_softmax
+
+    model = with_softmax(quantized(MODELS[0][1], MODELS[0][2]))
+    x = int8_inputs(MODELS[0][2], n=64)
+    np.testing.assert_array_equal(run_litert(bt.to_bytes(model, MODELS[0][2]), x),
+                                  model.forward_int(x).numpy())

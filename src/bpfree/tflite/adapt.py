@@ -21,13 +21,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..checkpoint import atomic_write_bytes
 from ..harness import accuracy, fit, holdout_split
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import select_block, split_blocks
+from ..quant.ptq import QuantizedModel
 from .reader import load
 from .schema import TFLiteFormatError
+from .softmax import QSoftmax
 from .writer import to_bytes
 
 METHODS = ("pmt", "pmt-sparse")
@@ -158,9 +161,17 @@ def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epoch
           queries: int = 10, lr: float = 0.01, batch_size: int = 64, validation: float = 0.2,
           seed: int = 0, progress: bool = False) -> dict:
     """Adapt ``model`` (a loaded :class:`~bpfree.quant.ptq.QuantizedModel`) in place; returns
-    the report: validation accuracy before and after, forward passes, the chosen block."""
+    the report: validation accuracy before and after, forward passes, the chosen block.
+
+    A trailing SOFTMAX (:class:`~bpfree.tflite.softmax.QSoftmax`) is inference only: training
+    and the accuracies use the logits before it, and it stays in the model."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if isinstance(model.body[-1], QSoftmax):  # inference only: train on the logits before it
+        if len(model.body) == 1:
+            raise ValueError("the model is a lone SOFTMAX: nothing to train")
+        model = QuantizedModel(nn.Sequential(*model.body[:-1]), model.input_quant,
+                               model.stage_quants[:-1])
     train_idx, val_idx = holdout_split(x.shape[0], validation, seed)
     xt, yt, xv, yv = x[train_idx], y[train_idx], x[val_idx], y[val_idx]
     with torch.no_grad():

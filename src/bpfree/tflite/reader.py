@@ -16,9 +16,11 @@ The model is rebuilt from bpfree's own layers (:mod:`bpfree.quant`) in NCHW layo
 * a tensor consumed twice and joined again by ADD -> :class:`~bpfree.quant.ptq.QInvertedResidual`
   (the branch's layers and a :class:`~bpfree.quant.layers.QAdd`), the stage structure
   :class:`bpfree.pmt.PMTTrainer` trains;
-* MEAN over H, W -> :class:`~bpfree.quant.layers.QGlobalAvgPool2d` with LiteRT's rule; AVERAGE_POOL_2D /
-  MAX_POOL_2D -> :class:`~bpfree.quant.layers.QAvgPool2d` / :class:`~bpfree.quant.ptq.QMaxPool2d`;
+* MEAN over H, W -> :class:`~bpfree.quant.layers.QGlobalAvgPool2d` with LiteRT's rule;
+  AVERAGE_POOL_2D / MAX_POOL_2D -> :class:`~bpfree.quant.layers.QAvgPool2d` /
+  :class:`~bpfree.quant.ptq.QMaxPool2d`;
   RESHAPE to (N, features) -> :class:`~bpfree.quant.layers.QFlatten`;
+* SOFTMAX of (N, classes) -> :class:`~bpfree.tflite.softmax.QSoftmax` (int8, inference only);
 * QUANTIZE of a float input / DEQUANTIZE of the output at the edges: the loaded model's
   ``input_quant`` / ``output_quant`` (``QuantizedModel.forward`` quantizes float inputs itself).
 
@@ -41,6 +43,7 @@ from ..quant.params import TensorQuant, WeightQuant
 from ..quant.ptq import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
 from .schema import (ACTIVATIONS, FILE_IDENTIFIER, SUPPORTED_OPS, TFLiteFormatError, op_name,
                      tflite, type_name)
+from .softmax import OUTPUT_QUANT, QSoftmax
 from .stages import QPad, litert_linear
 
 _BO = tflite.BuiltinOperator
@@ -164,6 +167,10 @@ class _Reader:
         if code not in ACTIVATIONS:
             raise op.fail(self, f"fused activation {code} is not supported (NONE, RELU, RELU6)")
         return ACTIVATIONS[code]
+
+
+def _output_quant(stage: nn.Module, q: TensorQuant) -> TensorQuant:
+    return stage.output_quant if isinstance(stage, QSoftmax) else stage_output_quant(stage, q)
 
 
 def _nchw(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -319,6 +326,14 @@ class _Builder:
                 self.pending_pad = None
                 return stages
             return []
+        if op.code == _BO.SOFTMAX:
+            if len(r.shape(op.inputs[0])) != 2:
+                raise op.fail(r, f"SOFTMAX of a {len(r.shape(op.inputs[0]))}-D tensor (only "
+                              "(N, classes))")
+            if q_out != OUTPUT_QUANT:
+                raise op.fail(r, f"SOFTMAX output must be quantized with scale 1/256 and zero "
+                              f"point -128, got {q_out}", y)
+            return [QSoftmax(q_in, float(r.options(op, tflite.SoftmaxOptions).Beta()))]
         raise op.fail(r, "operator not supported here")
 
     def build(self) -> QuantizedModel:
@@ -378,7 +393,7 @@ class _Builder:
                     if op.inputs[0] != cur:
                         raise op.fail(r, "a residual branch must be a chain of operators")
                     body += self._checked(op, q)
-                    q, cur, i = stage_output_quant(body[-1], q) if body else q, op.outputs[0], i + 1
+                    q, cur, i = _output_quant(body[-1], q) if body else q, op.outputs[0], i + 1
                 stages.append(QInvertedResidual(nn.Sequential(*body), add))
                 q, cur, i = add.output_quant, op.outputs[0], i + 1
                 continue
@@ -388,7 +403,7 @@ class _Builder:
             new = self._checked(op, q)
             stages += new
             for s in new:
-                q = stage_output_quant(s, q)
+                q = _output_quant(s, q)
             cur, i = op.outputs[0], i + 1
         if cur != graph_output:
             raise TFLiteFormatError(f"the graph output {graph_output} is not the last "
@@ -397,7 +412,7 @@ class _Builder:
             raise TFLiteFormatError("the graph has no operator to load")
         quants, qq = [], input_quant
         for s in stages:
-            qq = stage_output_quant(s, qq)
+            qq = _output_quant(s, qq)
             quants.append(qq)
         model = QuantizedModel(nn.Sequential(*stages), input_quant, quants)
         model.input_shape = input_shape

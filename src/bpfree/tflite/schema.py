@@ -23,6 +23,7 @@ SUPPORTED_OPS = {
     BuiltinOperator.MAX_POOL_2D: "MAX_POOL_2D",
     BuiltinOperator.RESHAPE: "RESHAPE",
     BuiltinOperator.PAD: "PAD",
+    BuiltinOperator.SOFTMAX: "SOFTMAX",
     BuiltinOperator.QUANTIZE: "QUANTIZE",
     BuiltinOperator.DEQUANTIZE: "DEQUANTIZE",
 }

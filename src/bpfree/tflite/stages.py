@@ -25,7 +25,8 @@ class QPad(nn.Module):
     def __init__(self, pads: tuple[int, int, int, int], quant: TensorQuant) -> None:
         super().__init__()
         if len(pads) != 4 or any(int(p) < 0 for p in pads):
-            raise ValueError(f"pads must be four ints >= 0 (top, bottom, left, right), got {pads!r}")
+            raise ValueError(f"pads must be four ints >= 0 (top, bottom, left, right), "
+                             f"got {pads!r}")
         self.pads = tuple(int(p) for p in pads)
         self.quant = quant
 

@@ -12,8 +12,8 @@ DEPTHWISE_CONV_2D when ``groups == in_channels``; a symmetric padding that is no
 RESHAPE of a 4-D input, whose NHWC flattening order is compensated by permuting the weight
 columns); ``QInvertedResidual`` -> its convolutions and ADD; ``QGlobalAvgPool2d`` -> MEAN over
 H and W; ``QAvgPool2d`` / ``QMaxPool2d`` -> AVERAGE_POOL_2D / MAX_POOL_2D (VALID or SAME);
-``QFlatten`` -> RESHAPE; ``QReLU`` after a layer with that activation fused, and
-``nn.Identity``, write nothing.
+``QFlatten`` -> RESHAPE; ``QSoftmax`` -> SOFTMAX; ``QReLU`` after a layer with that
+activation fused, and ``nn.Identity``, write nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..quant.layers import QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLin
 from ..quant.params import TensorQuant
 from ..quant.ptq import QInvertedResidual, QMaxPool2d, QuantizedModel
 from .schema import ACTIVATION_CODES, FILE_IDENTIFIER, SCHEMA_VERSION, tflite
+from .softmax import QSoftmax
 from .stages import QPad, is_litert_linear
 
 _OPTIONS = tflite.BuiltinOptions
@@ -206,6 +207,11 @@ class _Writer:
             return self.pool(module, x, xt, out, quant, name), quant
         if isinstance(module, QPad):
             return self.pad(x, module.tflite_paddings(), out.shape, quant, name), quant
+        if isinstance(module, QSoftmax):
+            z = g.activation(tuple(out.shape), module.output_quant, name)
+            g.ops.append(_Op(tflite.BuiltinOperator.SOFTMAX, [x], [z], _OPTIONS.SoftmaxOptions,
+                             _options("SoftmaxOptions", beta=module.beta)))
+            return z, module.output_quant
         if isinstance(module, QFlatten):
             if xt.dim() == 4 and xt.shape[2] * xt.shape[3] > 1:
                 self.flatten_perm = tuple(xt.shape[1:])
@@ -234,7 +240,8 @@ class _Writer:
              name: str) -> int:
         kernel, stride, padding = (_pair(module.kernel_size), _pair(module.stride),
                                    _pair(module.padding))
-        if isinstance(module, QMaxPool2d) and (module.ceil_mode or _pair(module.dilation) != (1, 1)):
+        if isinstance(module, QMaxPool2d) and (module.ceil_mode
+                                               or _pair(module.dilation) != (1, 1)):
             raise ValueError(f"stage {name!r}: MAX_POOL_2D has no ceil_mode or dilation")
         code = _padding_code(xt.shape[2:], kernel, stride, (1, 1), padding, name)
         if code is None:
