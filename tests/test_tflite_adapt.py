@@ -43,6 +43,9 @@ def test_adapt_raises_validation_accuracy_and_writes_a_loadable_file(files, tmp_
     assert doc["validation"] == 100 and doc["train"] == 400
     assert doc["val_accuracy_after"] > doc["val_accuracy_before"] + 10
     assert doc["forwards"] > 0 and doc["loss_last"] < doc["loss_first"]
+    memory = doc["device_memory_bytes"]  # PMT rule: int8 weights, activations, seeds
+    assert 0 < memory["batch_1"] < memory["batch_64"]
+    assert "analytic device memory" in text
     adapted = bt.load(out)
     x = torch.from_numpy(np.load(files / "data.npz")["x"])
     assert not torch.equal(adapted(x), bt.load(files / "model.tflite")(x))

@@ -25,9 +25,11 @@ from torch import nn
 
 from ..checkpoint import atomic_write_bytes
 from ..harness import accuracy, fit, holdout_split
+from ..memory.rules import analytic
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import select_block, split_blocks
 from ..quant.ptq import QuantizedModel
+from ..quant.twin import float_twin
 from .reader import load
 from .schema import TFLiteFormatError
 from .softmax import QSoftmax
@@ -204,11 +206,28 @@ def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epoch
     history = fit(trainer, xt, yt, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                   progress="adapt" if progress else False)
     forwards += trainer.forwards
+    report["device_memory_bytes"] = device_memory(model, method, tuple(x.shape[1:]),
+                                                  batch_size, queries, trainable)
     report.update(val_accuracy_after=accuracy(model, xv, yv), forwards=forwards,
                   trained_layers=[layer.name for layer in trainer.trainable],
                   loss_first=history.loss[0], loss_last=history.loss[-1],
                   seconds=time.perf_counter() - t0)
     return report
+
+
+def device_memory(model, method: str, input_shape: tuple[int, ...], batch_size: int,
+                  queries: int, trainable) -> dict:
+    """Analytic training memory on the device (:func:`bpfree.memory.rules.analytic`, the
+    method's rule with int8 weights) at one sample and at ``batch_size``, in bytes; or
+    ``{"unavailable": reason}`` for a graph the float twin does not cover."""
+    try:
+        twin = float_twin(model, fake_quant=False)
+        return {f"batch_{n}": int(analytic(twin, method, num_queries=queries,
+                                           example_input=torch.zeros((n, *input_shape)),
+                                           trainable=trainable).total)
+                for n in sorted({1, batch_size})}
+    except (ValueError, TypeError, KeyError) as err:
+        return {"unavailable": str(err)}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -235,6 +254,13 @@ def main(args: argparse.Namespace) -> int:
     print(f"validation accuracy {report['val_accuracy_before']:.2f}% -> "
           f"{report['val_accuracy_after']:.2f}% on {report['validation']} held-out samples; "
           f"{report['forwards']:,} forward passes (per sample), {report['seconds']:.1f} s")
+    memory = report["device_memory_bytes"]
+    if "unavailable" in memory:
+        print(f"analytic device memory: not available ({memory['unavailable']})")
+    else:
+        print(f"analytic device memory ({args.method} rule, int8 weights): "
+              + ", ".join(f"{v / 1024:,.1f} KiB at {k.replace('_', ' ')}"
+                          for k, v in memory.items()))
     if "selection" in report:
         print(f"trained block {report['selection']['chosen']} of "
               f"{len(report['selection']['blocks'])}: {', '.join(report['trained_layers'])}")
