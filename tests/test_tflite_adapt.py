@@ -141,3 +141,31 @@ def test_a_trailing_softmax_is_kept_and_not_trained(files, tmp_path):
     assert doc["val_accuracy_after"] > doc["val_accuracy_before"] + 10
     adapted = bt.load(out)
     assert isinstance(adapted.body[-1], bt.QSoftmax)
+
+
+def test_an_image_folder_is_resized_to_the_model_input(tmp_path, capsys):
+    """One sub-folder per class; images of any size and mode become the model's 1x28x28."""
+    from PIL import Image
+
+    from bpfree.models import mnist_cnn
+
+    bt.save(quantized(mnist_cnn, (1, 28, 28)), tmp_path / "cnn.tflite", input_shape=(1, 28, 28))
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(("cats", "dogs")):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(6):
+            pixels = rng.integers(0, 256, (40, 30, 3), dtype=np.uint8) // (label + 1)
+            Image.fromarray(pixels).save(tmp_path / "images" / name / f"{i}.png")
+    (tmp_path / "images" / "dogs" / "notes.txt").write_text("not an image")
+    report = tmp_path / "report.json"
+    rc = main(["adapt", str(tmp_path / "cnn.tflite"), "--data", str(tmp_path / "images"),
+               "--out", str(tmp_path / "out.tflite"), "--epochs", "1", "--queries", "2",
+               "--batch-size", "4", "--validation", "0.25", "--quiet", "--json", str(report)])
+    assert rc == 0
+    assert "0=cats, 1=dogs" in capsys.readouterr().out
+    doc = json.loads(report.read_text())
+    assert doc["train"] + doc["validation"] == 12
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    assert main(["adapt", str(tmp_path / "cnn.tflite"), "--data", str(tmp_path / "empty"),
+                 "--out", str(tmp_path / "o.tflite")]) == 2
+    assert "no images found" in capsys.readouterr().err

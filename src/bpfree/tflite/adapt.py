@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import atomic_write_bytes
+from ..classify import load_image
 from ..harness import accuracy, fit, holdout_split
 from ..memory.rules import analytic
 from ..pmt import PMTConfig, PMTTrainer
@@ -45,11 +46,13 @@ zeroth-order estimates from perturbed forward passes, integer updates, no float 
 adapted model keeps the file's scales and zero points and is written as a new .tflite that
 LiteRT runs (identical outputs with LiteRT's reference kernels).
 
-DATA is an .npz with `x` (samples) and `y` (integer class labels). `x` is one sample per row
-in the model's input shape: NCHW (N, C, H, W), NHWC (N, H, W, C) as LiteRT takes it, (N, H, W)
-for one channel, or (N, features). int8 arrays are taken as already quantized; uint8 arrays
-are images scaled to [0, 1]; float arrays are real values, quantized with the file's input
-scale and zero point.
+DATA is an .npz with `x` (samples) and `y` (integer class labels), or a folder with one
+sub-folder of images per class (sorted names are labels 0, 1, ...; images are converted to
+the model's channels, resized to its input size and scaled to [0, 1]). In an .npz, `x` is
+one sample per row in the model's input shape: NCHW (N, C, H, W), NHWC (N, H, W, C) as LiteRT
+takes it, (N, H, W) for one channel, or (N, features). int8 arrays are taken as already
+quantized; uint8 arrays are images scaled to [0, 1]; float arrays are real values, quantized
+with the file's input scale and zero point.
 """
 
 EPILOG = """\
@@ -68,8 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("model", metavar="MODEL.tflite",
                         help="full-integer .tflite model to adapt (int8 activations)")
-    parser.add_argument("--data", metavar="DATA.npz", required=True,
-                        help="training data: an .npz with arrays x (samples) and y (labels)")
+    parser.add_argument("--data", metavar="DATA", required=True,
+                        help="training data: an .npz with arrays x (samples) and y (labels), "
+                             "or a folder with one sub-folder of images per class")
     parser.add_argument("--out", metavar="ADAPTED.tflite", required=True,
                         help="where to write the adapted model (atomically: the path holds "
                              "either its old contents or the whole new file)")
@@ -108,9 +112,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--lr must be a finite number > 0, got {args.lr}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    for path in (args.model, args.data):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"no such file: {path}")
+    if not Path(args.model).is_file():
+        raise FileNotFoundError(f"no such file: {args.model}")
+    if not Path(args.data).exists():
+        raise FileNotFoundError(f"no such file or folder: {args.data}")
     if Path(args.out).resolve() == Path(args.model).resolve():
         raise ValueError("--out must differ from MODEL (the original file is kept)")
 
@@ -157,6 +162,41 @@ def load_data(path, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.T
     else:
         raise ValueError(f"{path}: x must hold numbers, got dtype {x.dtype}")
     return xt, torch.from_numpy(y.astype(np.int64))
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm",
+                  ".ppm")
+
+
+def load_image_folder(path, input_shape: tuple[int, ...]
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``(x, y, class names)`` of a folder with one sub-folder of images per class.
+
+    Classes are the sub-folders in sorted order (label 0 first). Each image is converted to
+    grey or RGB as the model's input channels ask, resized (bilinear) to its H x W, and scaled
+    to [0, 1] floats, NCHW.
+    """
+    from PIL import Image
+
+    if len(input_shape) != 3 or input_shape[0] not in (1, 3):
+        raise ValueError(f"an image folder needs a model taking images (1 or 3 channels, NCHW), "
+                         f"this one takes {input_shape}")
+    channels, height, width = input_shape
+    classes = sorted(d for d in Path(path).iterdir() if d.is_dir())
+    images, labels = [], []
+    for label, folder in enumerate(classes):
+        for file in sorted(folder.iterdir()):
+            if file.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            image = Image.fromarray(load_image(file)).convert("L" if channels == 1 else "RGB")
+            array = np.asarray(image.resize((width, height), Image.BILINEAR), dtype=np.float32)
+            images.append(array.reshape(height, width, channels).transpose(2, 0, 1) / 255.0)
+            labels.append(label)
+    if not images:
+        raise ValueError(f"{path}: no images found (one sub-folder per class, files ending in "
+                         f"{', '.join(IMAGE_SUFFIXES)})")
+    return (torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64),
+            [d.name for d in classes])
 
 
 def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epochs: int = 3,
@@ -237,7 +277,11 @@ def main(args: argparse.Namespace) -> int:
     except TFLiteFormatError as err:
         print(f"bpfree: error: cannot adapt {args.model}: {err}", file=sys.stderr)
         return 1
-    x, y = load_data(args.data, model.input_shape)
+    if Path(args.data).is_dir():
+        x, y, classes = load_image_folder(args.data, model.input_shape)
+        print(f"{args.data}: classes {', '.join(f'{i}={c}' for i, c in enumerate(classes))}")
+    else:
+        x, y = load_data(args.data, model.input_shape)
     print(f"{args.model}: {len(model.body)} stages, input {model.input_shape}; {args.data}: "
           f"{x.shape[0]} samples; {args.method}, {args.epochs} epoch(s), Q={args.queries}")
     try:
