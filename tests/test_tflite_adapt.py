@@ -169,3 +169,13 @@ def test_an_image_folder_is_resized_to_the_model_input(tmp_path, capsys):
     assert main(["adapt", str(tmp_path / "cnn.tflite"), "--data", str(tmp_path / "empty"),
                  "--out", str(tmp_path / "o.tflite")]) == 2
     assert "no images found" in capsys.readouterr().err
+
+
+def test_an_unwritable_output_is_a_failure(files, tmp_path, capsys):
+    out = tmp_path / "a-folder.tflite"
+    out.mkdir()  # a folder where the file should go: the rename fails
+    rc = main(["adapt", str(files / "model.tflite"), "--data", str(files / "data.npz"),
+               "--out", str(out), "--epochs", "1", "--quiet"])
+    assert rc == 1 and "not written" in capsys.readouterr().err
+    assert out.is_dir() and not any(out.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-folder.tflite"]  # no temp file

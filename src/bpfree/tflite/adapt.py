@@ -275,8 +275,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         model = load(args.model)
     except TFLiteFormatError as err:
-        print(f"bpfree: error: cannot adapt {args.model}: {err}", file=sys.stderr)
-        return 1
+        return _failed(f"cannot adapt {args.model}: {err}")
     if Path(args.data).is_dir():
         x, y, classes = load_image_folder(args.data, model.input_shape)
         print(f"{args.data}: classes {', '.join(f'{i}={c}' for i, c in enumerate(classes))}")
@@ -288,12 +287,12 @@ def main(args: argparse.Namespace) -> int:
         report = adapt(model, x, y, method=args.method, epochs=args.epochs,
                        queries=args.queries, lr=args.lr, batch_size=args.batch_size,
                        validation=args.validation, seed=args.seed, progress=not args.quiet)
-        data = to_bytes(model)
-        atomic_write_bytes(args.out, data)
-    except (FloatingPointError, OSError, RuntimeError) as err:
-        print(f"bpfree: error: adaptation failed, {args.out} not written: {err}",
-              file=sys.stderr)
-        return 1
+    except (FloatingPointError, RuntimeError) as err:  # bad labels etc. stay usage errors
+        return _failed(f"adaptation failed, {args.out} not written: {err}")
+    try:
+        atomic_write_bytes(args.out, to_bytes(model))
+    except (ValueError, OSError) as err:
+        return _failed(f"{args.out} not written: {err}")
     report.update(model=str(args.model), data=str(args.data), out=str(args.out))
     print(f"validation accuracy {report['val_accuracy_before']:.2f}% -> "
           f"{report['val_accuracy_after']:.2f}% on {report['validation']} held-out samples; "
@@ -310,6 +309,14 @@ def main(args: argparse.Namespace) -> int:
               f"{len(report['selection']['blocks'])}: {', '.join(report['trained_layers'])}")
     print(f"wrote {args.out}")
     if args.json:
-        atomic_write_bytes(args.json, (json.dumps(report, indent=1) + "\n").encode())
+        try:
+            atomic_write_bytes(args.json, (json.dumps(report, indent=1) + "\n").encode())
+        except OSError as err:
+            return _failed(f"{args.json} not written: {err}")
         print(f"wrote {args.json}")
     return 0
+
+
+def _failed(message: str) -> int:
+    print(f"bpfree: error: {message}", file=sys.stderr)
+    return 1

@@ -83,7 +83,7 @@ def _nhwc(shape: torch.Size) -> tuple[int, ...]:
     return (shape[0], shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape)
 
 
-def _padding_code(size, kernel, stride, dilation, padding, name: str):
+def _padding_code(size, kernel, stride, dilation, padding):
     """TFLite padding (SAME / VALID) equal to a symmetric explicit ``padding``, or None."""
     if all(p == 0 for p in padding):
         return tflite.Padding.VALID
@@ -124,7 +124,7 @@ class _Writer:
                              _options("FullyConnectedOptions", fused_activation_function=act)))
             return y
         code = _padding_code(shape[2:], layer.kernel_size, layer.stride, layer.dilation,
-                             layer.padding, name)
+                             layer.padding)
         if code is None:  # explicit symmetric padding: PAD with the zero point, then VALID
             ph, pw = layer.padding
             padded = (shape[0], shape[1], shape[2] + 2 * ph, shape[3] + 2 * pw)
@@ -243,7 +243,7 @@ class _Writer:
         if isinstance(module, QMaxPool2d) and (module.ceil_mode
                                                or _pair(module.dilation) != (1, 1)):
             raise ValueError(f"stage {name!r}: MAX_POOL_2D has no ceil_mode or dilation")
-        code = _padding_code(xt.shape[2:], kernel, stride, (1, 1), padding, name)
+        code = _padding_code(xt.shape[2:], kernel, stride, (1, 1), padding)
         if code is None:
             raise ValueError(f"stage {name!r}: pooling padding {padding} is neither VALID nor "
                              "TFLite's SAME for this input size")
