@@ -250,13 +250,24 @@ def _check_conv_arrays(layer: dict, arrays: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Rounding of the float-scale epilogue: the model's own rule rounds half to even (numpy,
+#: tiny-training); LiteRT's float-scale FULLY_CONNECTED (``reference_integer_ops::
+#: FullyConnectedPerChannel``) uses ``std::round``, half away from zero.
+ROUNDINGS = ("half_even", "half_away")
+
+
 def _float_rule_epilogue(layer, acc: torch.Tensor, axis: int) -> torch.Tensor:
-    """``round_half_even((acc + bias) * eff) + y_zero``, clamped like the TFLite epilogue
-    (node perturbation ``node_offset`` added before the fused-activation clamp)."""
+    """``round((acc + bias) * eff) + y_zero`` (``layer.rounding``), clamped like the TFLite
+    epilogue (node perturbation ``node_offset`` added before the fused-activation clamp)."""
     shape = [1] * acc.dim()
     shape[axis] = -1
     v = acc.to(torch.float64) + layer.bias.to(torch.float64).view(shape)  # exact (< 2**53)
-    v = torch.round(v.mul_(layer.effective_scale.to(v.device).view(shape)))
+    v = v.mul_(layer.effective_scale.to(v.device).view(shape))
+    if layer.rounding == "half_even":
+        v = torch.round(v)
+    else:  # v - trunc(v) is exact, so ties are detected exactly
+        t = torch.trunc(v)
+        v = t.add_(torch.sign(v) * ((v - t).abs() >= 0.5))
     v = v.add_(layer.output_quant.zero_point)
     offset = layer.node_offset
     if offset is None:
@@ -278,6 +289,8 @@ class FloatRuleConv2d(QConv2d):
     fixed-point ``multiplier`` / ``shift`` buffers are kept (unused) so that tools reading them
     still work."""
 
+    rounding = "half_even"
+
     def __init__(self, weight, bias=None, *, effective_scale: torch.Tensor, **kwargs) -> None:
         super().__init__(weight, bias, **kwargs)
         self.register_buffer("effective_scale", effective_scale.to(torch.float64).clone())
@@ -288,10 +301,14 @@ class FloatRuleConv2d(QConv2d):
 
 class FloatRuleLinear(QLinear):
     """:class:`~bpfree.quant.layers.QLinear` with the float-scale epilogue
-    (see :class:`FloatRuleConv2d`)."""
+    (see :class:`FloatRuleConv2d`); ``rounding="half_away"`` is LiteRT's FULLY_CONNECTED."""
 
-    def __init__(self, weight, bias=None, *, effective_scale: torch.Tensor, **kwargs) -> None:
+    def __init__(self, weight, bias=None, *, effective_scale: torch.Tensor,
+                 rounding: str = "half_even", **kwargs) -> None:
         super().__init__(weight, bias, **kwargs)
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+        self.rounding = rounding
         self.register_buffer("effective_scale", effective_scale.to(torch.float64).clone())
 
     def _epilogue(self, acc: torch.Tensor, axis: int) -> torch.Tensor:

@@ -461,14 +461,25 @@ class QAvgPool2d(nn.Module):
 class QGlobalAvgPool2d(nn.Module):
     """Int8 global average pooling (TFLite ``MEAN`` over H and W, ``reference_integer_ops::Mean``).
 
-    ``out = clamp(z_out + round_div(MBQM(sum(x - z_in), M), H*W))`` with
-    ``M = s_in / s_out`` as a quantized multiplier; returns (N, C), or (N, C, 1, 1) with
-    ``keepdim=True`` (``nn.AdaptiveAvgPool2d(1)``'s shape).
+    Two integer rules (``rule=``), which differ by one unit on about 1% of the outputs:
+
+    * ``"reference"`` (``reference_integer_ops::Mean``, TFLite Micro and TFLite before LiteRT):
+      ``out = clamp(z_out + round_div(MBQM(sum(x - z_in), M), H*W))`` with ``M = s_in / s_out``
+      as a quantized multiplier;
+    * ``"litert"`` (LiteRT's ``reference_ops::QuantizedMeanOrSum``, what its interpreter runs for
+      int8 MEAN): ``1 / (H*W)`` folded into the multiplier, ``M' = (M << k) // (H*W)`` with
+      ``k = min(floor(log2(H*W)), 32, 31 + shift)`` and shift ``shift - k``, then
+      ``out = clamp(z_out + MBQM(sum(x - z_in), M', shift - k))``.
+
+    Returns (N, C), or (N, C, 1, 1) with ``keepdim=True`` (``nn.AdaptiveAvgPool2d(1)``'s shape).
     """
 
+    RULES = ("reference", "litert")
+
     def __init__(self, input_quant: TensorQuant, output_quant: TensorQuant | None = None, *,
-                 keepdim: bool = False) -> None:
+                 keepdim: bool = False, rule: str = "reference") -> None:
         super().__init__()
+        self.rule = _check_choice(rule, "rule", self.RULES)
         self.input_quant = _check_quant(input_quant, "input_quant")
         self.output_quant = (self.input_quant if output_quant is None
                              else _check_quant(output_quant, "output_quant"))
@@ -486,13 +497,19 @@ class QGlobalAvgPool2d(nn.Module):
         if count == 0 or count * 255 > INT32_MAX:
             raise ValueError(f"H*W must be in [1, {INT32_MAX // 255}], got {count}")
         acc = x.sum(dim=(2, 3), dtype=torch.int64) - self.input_quant.zero_point * count
-        acc = _mbqm_int64(acc, self.multiplier, self.shift)
-        out = rounding_integer_divide(acc, count).add_(self.output_quant.zero_point)
+        if self.rule == "litert":
+            k = min(count.bit_length() - 1, 32, 31 + self.shift)
+            out = _mbqm_int64(acc, (self.multiplier << k) // count, self.shift - k)
+            out = out.add_(self.output_quant.zero_point)
+        else:
+            acc = _mbqm_int64(acc, self.multiplier, self.shift)
+            out = rounding_integer_divide(acc, count).add_(self.output_quant.zero_point)
         out = out.clamp_(INT8_MIN, INT8_MAX).to(torch.int8)
         return out[:, :, None, None] if self.keepdim else out
 
     def extra_repr(self) -> str:
-        return f"input={self.input_quant}, output={self.output_quant}, keepdim={self.keepdim}"
+        return (f"input={self.input_quant}, output={self.output_quant}, keepdim={self.keepdim}, "
+                f"rule={self.rule!r}")
 
 
 class QReLU(nn.Module):
