@@ -171,11 +171,11 @@ def test_an_image_folder_is_resized_to_the_model_input(tmp_path, capsys):
     assert "no images found" in capsys.readouterr().err
 
 
-def test_an_unwritable_output_is_a_failure(files, tmp_path, capsys):
+def test_a_directory_as_output_is_refused_before_training(files, tmp_path, capsys):
     out = tmp_path / "a-folder.tflite"
-    out.mkdir()  # a folder where the file should go: the rename fails
+    out.mkdir()  # a folder where the file should go: refused up front (bpfree.io)
     rc = main(["adapt", str(files / "model.tflite"), "--data", str(files / "data.npz"),
                "--out", str(out), "--epochs", "1", "--quiet"])
-    assert rc == 1 and "not written" in capsys.readouterr().err
+    assert rc == 2 and "is a directory" in capsys.readouterr().err
     assert out.is_dir() and not any(out.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-folder.tflite"]  # no temp file

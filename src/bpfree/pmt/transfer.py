@@ -199,7 +199,7 @@ def init_head(feature_quant, features_q: torch.Tensor, y: torch.Tensor, num_clas
 
 def with_head(qmodel: nn.Module, head: nn.Module) -> nn.Module:
     """A copy of ``qmodel`` whose classifier (last stage) is ``head`` (also copied)."""
-    from ..quant.ptq import QuantizedModel
+    from ..quant.stages import QuantizedModel
 
     body = copy.deepcopy(qmodel.body)
     body[len(body) - 1] = copy.deepcopy(head)
@@ -213,7 +213,7 @@ def with_head(qmodel: nn.Module, head: nn.Module) -> nn.Module:
 
 def head_model(head: nn.Module) -> nn.Module:
     """The head alone as a QuantizedModel on int8 features (shares ``head``'s buffers)."""
-    from ..quant.ptq import QuantizedModel
+    from ..quant.stages import QuantizedModel
 
     return QuantizedModel(nn.Sequential(head), head.input_quant, (head.output_quant,))
 

@@ -29,7 +29,7 @@ from ..harness import accuracy, fit, holdout_split
 from ..memory.rules import analytic
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import select_block, split_blocks
-from ..quant.ptq import QuantizedModel
+from ..quant.stages import QuantizedModel
 from ..quant.twin import float_twin
 from .reader import load
 from .schema import TFLiteFormatError

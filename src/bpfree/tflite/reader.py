@@ -40,7 +40,7 @@ from torch import nn
 
 from ..quant.layers import QAdd, QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear
 from ..quant.params import TensorQuant, WeightQuant
-from ..quant.ptq import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
+from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
 from .schema import (ACTIVATIONS, FILE_IDENTIFIER, SUPPORTED_OPS, TFLiteFormatError, op_name,
                      tflite, type_name)
 from .softmax import OUTPUT_QUANT, QSoftmax

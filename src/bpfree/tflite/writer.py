@@ -29,7 +29,7 @@ from torch import nn
 from ..checkpoint import atomic_write_bytes
 from ..quant.layers import QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear, QReLU
 from ..quant.params import TensorQuant
-from ..quant.ptq import QInvertedResidual, QMaxPool2d, QuantizedModel
+from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel
 from .schema import ACTIVATION_CODES, FILE_IDENTIFIER, SCHEMA_VERSION, tflite
 from .softmax import QSoftmax
 from .stages import QPad, is_litert_linear
