@@ -207,3 +207,25 @@ def test_allow_dirty_marks_the_document(dirty_checkout, tmp_path):
     _git(dirty_checkout.parent, "commit", "-q", "-am", "second")
     clean = runner.run_benchmark("ledger", quick=True, json_path=tmp_path / "c.json")
     assert clean["dirty"] is False and clean["git_revision"] != document["git_revision"]
+
+
+def test_benchmark_outputs_do_not_make_the_checkout_dirty(tmp_path):
+    """A run writes results/ and docs/BENCHMARKS.md: the next run must still count as clean,
+    while a change to code still counts."""
+    from bpfree.bench.environment import git_state
+
+    repo = tmp_path / "repo"
+    folder = _bench_folder(repo / "benchmarks", "[]")
+    (repo / "results").mkdir()
+    (repo / "results" / "a.json").write_text("{}\n")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "BENCHMARKS.md").write_text("# page\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "first")
+    (repo / "results" / "a.json").write_text('{"new": 1}\n')
+    (repo / "docs" / "BENCHMARKS.md").write_text("# regenerated\n")
+    assert git_state(folder)[1] is False
+    with (folder / "ledger.py").open("a") as fh:
+        fh.write("# code\n")
+    assert git_state(folder)[1] is True

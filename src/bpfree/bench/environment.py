@@ -75,11 +75,17 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+#: Paths (from the checkout's top) that benchmark runs write: not code, never "dirty".
+OUTPUT_PATHS = ("results", "docs/BENCHMARKS.md")
+
+
 def git_state(path: str | os.PathLike | None = None) -> tuple[str | None, bool]:
     """``(short commit hash, dirty)`` of the checkout containing ``path``; ``(None, False)``
     outside a git checkout, without git, or before the first commit.
 
-    Dirty means uncommitted changes to tracked files (untracked files do not count).
+    Dirty means uncommitted changes to tracked files (untracked files do not count), other
+    than the benchmarks' own outputs: ``results/`` and the generated ``docs/BENCHMARKS.md``
+    (a run that writes its result must not make the next run's checkout dirty).
     """
     cwd = Path(path) if path is not None else Path.cwd()
     try:
@@ -88,7 +94,8 @@ def git_state(path: str | os.PathLike | None = None) -> tuple[str | None, bool]:
             cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
         changes = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+             *(f":(top,exclude){p}" for p in OUTPUT_PATHS)],
             cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
