@@ -348,14 +348,47 @@ def test_baseline_binary_weights_update_the_latent_weight_through_ste():
     assert net.layers[0].weight[0, 0] == 2.0
 
 
-def test_every_table_method_trains_a_few_steps():
+def _blobs(n=64, d=16, c=4, seed=0):
+    """Four well-separated Gaussian blobs squashed into [0, 1]: a task every method must learn."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(c, d, generator=g) * 2
+    y = torch.arange(n) % c
+    return (centers[y] + 0.5 * torch.randn(n, d, generator=g)).sigmoid(), y
+
+
+# FF scores a label by the goodness sum(h^2); with sign activations h = +-1 that sum is the layer
+# width for every input and label, so FF+BA cannot learn (all labels tie, argmax says class 0).
+_FF_SIGN_GOODNESS = ("FF+BA", "FF+BW+BA")
+
+
+def _train_error(name):
+    from bpfree.tinyfoa import evaluate
+    x, y = _blobs()
+    sizes = [16, 32, 32] if name.startswith("PEPITA") else [16, 32, 32, 32]
+    m = make_method(name, sizes, 4, m=2, seed=0)
+    before = evaluate(m, x, y)
+    fit_epochs(m, x, y, epochs=20, batch_size=16, lr=0.03 if name.startswith("FF") else 0.1)
+    return before, evaluate(m, x, y), m
+
+
+def test_every_table_method_learns_an_easy_task():
+    """From about chance (75 % error) to <= 35 % training error, >= 25 points better, for every
+    method of Tables 1-2 in 20 epochs (measured on seeds 0-2: all but FF+BA end at <= 35 %)."""
     from bpfree.tinyfoa import TABLE1, TABLE2
-    x, y = _data(n=16, d=16)
     for name in (*TABLE1, *TABLE2):
-        sizes = [16, 8, 8] if name.startswith("PEPITA") else [16, 8, 8, 8]
-        m = make_method(name, sizes, 4, m=2, seed=0)
-        fit_epochs(m, x, y, epochs=2, batch_size=8, lr=0.01)
-        assert m(x).shape == (16, 4) and m.forwards > 0
+        if name in _FF_SIGN_GOODNESS:
+            continue
+        before, after, m = _train_error(name)
+        assert after <= 35 and before - after >= 25, (name, before, after)
+        assert m.forwards > 0
+
+
+@pytest.mark.xfail(strict=True, reason="FF goodness of sign activations is constant: FF+BA "
+                   "cannot learn (see _FF_SIGN_GOODNESS)")
+@pytest.mark.parametrize("name", _FF_SIGN_GOODNESS)
+def test_ff_with_binary_activations_learns(name):
+    before, after, _ = _train_error(name)
+    assert after <= 35, (name, before, after)
 
 
 # -- memory accounting --------------------------------------------------------------------
