@@ -58,7 +58,7 @@ def _setup(quick: bool):
 
 
 def run(quick: bool):
-    from bpfree.memory.mcunet_tables import mcunet_tables
+    from bpfree.pmt.mcunet_tables import mcunet_tables
     from bpfree.models.mcunet import default_model_dir
     from bpfree.pmt.transfer import HEAD, run_task
 

@@ -175,9 +175,9 @@ def _must_not_run(*args, **kwargs):
 def test_bad_json_paths_are_refused_before_any_work(command, bad, tmp_path, monkeypatch, capsys):
     import bpfree.classify
     import bpfree.demo
-    import bpfree.memory.cli
+    import bpfree.memory_cli
 
-    for module in (bpfree.demo, bpfree.memory.cli, bpfree.classify):
+    for module in (bpfree.demo, bpfree.memory_cli, bpfree.classify):
         monkeypatch.setattr(module, "main", _must_not_run)
     monkeypatch.setattr(runner, "run_benchmark", _must_not_run)
     (tmp_path / "FILE").write_text("x")

@@ -177,7 +177,7 @@ def test_float_rule_differs_in_few_values(model, photos):
 
 
 def test_parameter_bytes_and_macs_within_1_percent_of_paper():
-    from bpfree.memory.mcunet_tables import PAPER, mcunet_tables
+    from bpfree.pmt.mcunet_tables import PAPER, mcunet_tables
 
     rows = {r.quantity: r for r in mcunet_tables()}
     assert abs(rows["parameter bytes, backbone (0.46M params)"].ratio) < 0.01
@@ -197,7 +197,7 @@ def test_parameter_bytes_and_macs_within_1_percent_of_paper():
 
 
 def test_width_stages_and_sparse_block():
-    from bpfree.memory.mcunet_tables import mcunet_profile, sparse_block, width_stages
+    from bpfree.pmt.mcunet_tables import mcunet_profile, sparse_block, width_stages
 
     stages = width_stages()
     assert [len(s) for s in stages] == [1, 2, 2, 2, 3, 3, 1]
@@ -248,7 +248,7 @@ def test_pmt_step_overhead_is_one_gradient_buffer(model):
     """Item 4: a synchronized PMT step on the real model costs, beyond inference, at most the
     largest trainable layer's gradient buffer (float64 in this simulator) plus small change
     (one stage input, O(Q) scalars) -- not BP's saved activations."""
-    from bpfree.memory.mcunet_tables import measure_pmt_step
+    from bpfree.pmt.mcunet_tables import measure_pmt_step
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-128, 128, (2, 3, 128, 128), dtype=torch.int8, generator=g)
@@ -262,7 +262,7 @@ def test_pmt_step_overhead_single_sample(model):
     """At N=1 the inference peak is smallest, so any layer-sized temporary of the update
     (a bool mask of the finiteness check, say) shows: the overhead must still fit one
     gradient buffer."""
-    from bpfree.memory.mcunet_tables import measure_pmt_step
+    from bpfree.pmt.mcunet_tables import measure_pmt_step
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-128, 128, (1, 3, 128, 128), dtype=torch.int8, generator=g)

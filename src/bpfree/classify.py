@@ -22,6 +22,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from .data.imagenet_classes import IMAGENET_CLASSES
+from .models.mcunet import compare_requant, mcunet_in1, preprocess_image
 
 from .io import write_json
 
@@ -36,7 +40,7 @@ def load_image(path) -> np.ndarray:
     if not p.is_file():
         raise FileNotFoundError(f"image not found: {p}")
     try:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image, UnidentifiedImageError  # lazy: optional image reader
     except ImportError:  # pragma: no cover - Pillow comes with matplotlib
         raise ValueError("reading image files needs Pillow (pip install pillow)") from None
     try:
@@ -57,7 +61,7 @@ def sample_image(name: str) -> np.ndarray:
     if name not in SAMPLES:
         raise ValueError(f"unknown sample {name!r}; choose one of {', '.join(SAMPLES)}")
     try:
-        from skimage import data
+        from skimage import data  # lazy: heavy optional dependency (sample photos)
     except ImportError:
         raise ValueError("--sample needs scikit-image (pip install 'bpfree[dev]')") from None
     return np.asarray(getattr(data, name)())
@@ -66,11 +70,6 @@ def sample_image(name: str) -> np.ndarray:
 def classify(image, model=None, *, k: int = 5) -> dict:
     """Top-``k`` ImageNet classes of ``image`` ((H, W, 3) uint8) under ``model`` (default: the
     TFLite-rule MCUNet-in1 from the default folder). Returns ``{"topk", "names", "logits"}``."""
-    import torch
-
-    from .data.imagenet_classes import IMAGENET_CLASSES
-    from .models.mcunet import mcunet_in1, preprocess_image
-
     model = mcunet_in1() if model is None else model
     x = preprocess_image(image)
     with torch.no_grad():
@@ -100,8 +99,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .models.mcunet import mcunet_in1
-
     if bool(args.image) == bool(args.sample):
         raise ValueError("give an image file or --sample NAME (exactly one)")
     image = sample_image(args.sample) if args.sample else load_image(args.image)
@@ -127,8 +124,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _print_requant_comparison(image, model, args) -> dict:
     """Run the other rule on the same input and print where the two disagree."""
-    from .models.mcunet import compare_requant, mcunet_in1, preprocess_image
-
     other_rule = "float" if args.requant == "tflite" else "tflite"
     other = mcunet_in1(args.model_dir, requant=other_rule)
     report = compare_requant(model, other, preprocess_image(image))

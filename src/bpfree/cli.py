@@ -42,7 +42,7 @@ Set BPFREE_DEBUG=1 (or pass --debug) to see tracebacks of errors.
 # is missing (or fails to import) leaves its command listed as "not available".
 DELEGATED: list[tuple[str, str, str]] = [
     ("demo", "bpfree.demo", "train a small network on bundled data without back-propagation"),
-    ("memory", "bpfree.memory.cli", "measure and estimate the memory of training methods"),
+    ("memory", "bpfree.memory_cli", "measure and estimate the memory of training methods"),
     ("classify", "bpfree.classify", "name the ImageNet classes of an image with the INT8 MCUNet-in1"),
     ("adapt", "bpfree.tflite.adapt", "adapt a .tflite model to new data without back-propagation"),
 ]

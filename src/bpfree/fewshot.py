@@ -251,7 +251,7 @@ def mean_confidence_interval(accs: Sequence[float], *, confidence: float = 0.95,
     if method == "normal":
         q = statistics.NormalDist().inv_cdf((1 + confidence) / 2)
     else:
-        from scipy import stats
+        from scipy import stats  # lazy: heavy optional dependency
         q = float(stats.t.ppf((1 + confidence) / 2, df=n - 1))
     return mean, float(q * a.std(ddof=1) / math.sqrt(n))
 

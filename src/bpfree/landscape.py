@@ -389,7 +389,7 @@ def loss_surface(model: nn.Module, loss_fn: Callable[[nn.Module], float | torch.
     losses = np.full((nb, na), np.nan)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # lazy: only for the optional progress bar
         bar = tqdm(total=na * nb, desc=progress if isinstance(progress, str) else "landscape",
                    leave=False)
     try:
@@ -437,6 +437,7 @@ def plot_landscape(alphas, betas, losses, trajectories: Mapping[str, np.ndarray]
     the axes with percentages. ``log_levels``: log-spaced contour levels; default when the
     losses are positive and span more than a factor of 10. Non-finite losses are masked.
     """
+    # lazy: matplotlib is a heavy optional dependency, needed only to draw
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
@@ -473,6 +474,7 @@ def plot_landscape(alphas, betas, losses, trajectories: Mapping[str, np.ndarray]
     cbar = fig.colorbar(filled, ax=ax)
     cbar.set_label("loss (log-spaced levels)" if log_levels else "loss")
     if log_levels:
+        # lazy: matplotlib (heavy optional dependency)
         from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
         cbar.ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         cbar.ax.yaxis.set_major_formatter(StrMethodFormatter("{x:.3g}"))

@@ -12,10 +12,10 @@ __all__ = ["pyplot", "save_figure"]
 def pyplot():
     """``matplotlib.pyplot`` on the non-interactive Agg backend (plots are written to files,
     often on machines without a display)."""
-    import matplotlib
+    import matplotlib  # lazy: heavy optional dependency, loaded only to draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after choosing the Agg backend
 
     return plt
 
@@ -27,7 +27,7 @@ def save_figure(fig: Any, path: str | Path, root: str | Path | None = None, *,
     Returns the path, relative to ``root`` when given (the form the result JSON's
     ``figures`` entries and ``docs/BENCHMARKS.md`` use).
     """
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy optional dependency
 
     path = Path(path)
     fig.tight_layout()

@@ -22,6 +22,7 @@ def load_digits_split(seed: int = 0, test_fraction: float = 0.3
     if (isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real)
             or not 0.0 < float(test_fraction) < 1.0):
         raise ValueError(f"test_fraction must be a float in (0, 1), got {test_fraction!r}")
+    # lazy: scikit-learn is heavy to import and only the digits need it
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

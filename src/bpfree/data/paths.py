@@ -46,7 +46,7 @@ def require_data_root(kind: str, required: tuple[str, ...] = ()) -> Path:
     names the folders tried and how to point bpfree at the data."""
     root = default_data_root(kind, required)
     if root is None:
-        import pytest
+        import pytest  # lazy: a test-only dependency
 
         tried = ", ".join(str(p) for p in candidate_roots(kind))
         pytest.skip(f"dataset {kind!r} not found (tried {tried}); set {DATA_ENV_VAR} to a "

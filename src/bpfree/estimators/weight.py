@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..objective import Objective
 from ..perturb import perturb_, restore_
 from .base import Estimate, QueryContext, check_mu, check_positive_int, loss_value, materialize
 
@@ -134,8 +135,6 @@ def _mean_finite(values) -> float:
 
 
 def _require_objective(ctx: QueryContext, what: str):
-    from ..objective import Objective
-
     if not isinstance(ctx.closure, Objective):
         raise TypeError(
             f"{what} needs a bpfree.Objective (model, inputs, targets, per-sample loss) as the "

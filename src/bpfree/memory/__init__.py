@@ -4,8 +4,10 @@ Two views of the same question:
 
 - analytic — :func:`analytic` applies a method's rule (PMT Table 3, made per-layer) to a
   :func:`profile_model` of the network; :func:`register_rule` lets each method add its own
-  (built in: inference, bp, zo_*, the int8 MCU methods pmt, pmt-sparse, mezo, cge,
-  bp-int8, sparse-bp, and QZO-FF's ff and bp-ff-compare); :func:`macs_per_iteration`
+  (built in: inference, bp, zo_* in :mod:`.rules`; the int8 MCU methods pmt, pmt-sparse,
+  mezo, cge, bp-int8, sparse-bp in :mod:`.mcu`; QZO-FF's ff and bp-ff-compare in
+  :mod:`.ff`; ``tinyfoa`` is registered by :mod:`bpfree.tinyfoa.accounting` when
+  :mod:`bpfree.tinyfoa` is imported); :func:`macs_per_iteration`
   gives a method's compute per step, :func:`pmt_modes` PMT's WP/NP choice per layer and
   :func:`layer_memory` the per-layer bytes (BP's saved activations, PMT's peak and
   gradient buffer) behind the totals;
@@ -21,22 +23,18 @@ activations, gradient_buffers, optimizer_state, seeds_losses, plus extras).
 
 from .rules import (
     BIAS_BYTES,
-    FF_PRECISIONS,
     GRAD_BYTES,
     LOSS_BYTES,
     NONLINEAR_LAYER_TYPES,
     SEED_BYTES,
-    SIGN_BYTES,
-    SPARSE_MASKS,
-    LayerMemory,
     analytic,
-    layer_memory,
     macs_per_iteration,
     method_defaults,
-    pmt_modes,
     register_rule,
     registered_rules,
 )
+from .mcu import LayerMemory, layer_memory, pmt_modes
+from .ff import FF_PRECISIONS, SIGN_BYTES, SPARSE_MASKS
 from .scratch import (
     FF_METHODS,
     FF_MODES,

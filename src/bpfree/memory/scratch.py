@@ -36,8 +36,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models import get_model
+from ..plotting import pyplot, save_figure
+from .ff import FF_PRECISIONS, SPARSE_MASKS, _parameter_owners
 from .profile import ModelProfile, profile_model
-from .rules import FF_PRECISIONS, SPARSE_MASKS, _parameter_owners, analytic
+from .rules import analytic
 
 __all__ = ["FF_METHODS", "FF_MODES", "attention_heads", "default_head", "plot_scratch_vs_weights",
            "scratch_vs_weights"]
@@ -83,8 +86,6 @@ def default_head(profile: ModelProfile) -> str:
 
 def _resolve_model(model: Any, example_input: Any) -> tuple[ModelProfile, dict[str, int]]:
     if isinstance(model, str):
-        from ..models import get_model
-
         spec = get_model(model)
         if example_input is None:
             example_input = torch.zeros(1, *spec.input_shape)
@@ -163,8 +164,6 @@ def plot_scratch_vs_weights(rows: Sequence[dict], path: str | Path,
         missing = {"method", "precision", "mode", "scratch_bytes", "weight_bytes"} - set(row)
         if missing:
             raise ValueError(f"row {row!r} lacks {', '.join(sorted(missing))}")
-    from ..plotting import pyplot, save_figure
-
     plt = pyplot()
 
     models = list(dict.fromkeys(row.get("model") for row in rows))

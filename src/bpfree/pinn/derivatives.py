@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
+from torch.func import jacfwd, jacrev, vmap
 
 from .sparse_grid import sparse_grid
 
@@ -112,8 +113,6 @@ class AutoDiff(_Backend):
         return 1
 
     def __call__(self, fn: Fn, x: Tensor, laplacian_dims=None) -> tuple[Tensor, Tensor]:
-        from torch.func import jacfwd, jacrev, vmap
-
         x = _check_x(x)
         b, d = x.shape
         _as_2d(fn(x[:1]), 1)

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 from ..perturb import derive_seed
+from ..plotting import pyplot, save_figure
+from ..quant import float_twin
 from .estimate import estimate_group
 from .graph import StagedModel, find_layers, per_sample_loss
 
@@ -29,8 +31,6 @@ SCHEMES = ("wp-model", "wp-layer", "np-model", "np-layer", "adaptive")
 def bp_gradients(qmodel, x: torch.Tensor, y: torch.Tensor, *, fake_quant: bool = True
                  ) -> dict[str, torch.Tensor]:
     """``dL/dW`` of each integer layer (int8 weight units, float64) by BP through the twin."""
-    from ..quant import float_twin
-
     twin = float_twin(qmodel, fake_quant=fake_quant)
     twin.zero_grad(set_to_none=True)
     xf = x if x.dtype != torch.int8 else qmodel.input_quant.dequantize(x)
@@ -100,8 +100,6 @@ def gradient_cosines(qmodel, x: torch.Tensor, y: torch.Tensor, *,
 
 def plot_cosines(result: dict, path: str | Path) -> Path:
     """Fig. 5 analogue: per-layer cosine of each scheme, one panel per Q; writes a PNG."""
-    from ..plotting import pyplot, save_figure
-
     plt = pyplot()
 
     qs = sorted({q for per_q in result["cosine"].values() for q in per_q})

@@ -405,7 +405,7 @@ def memory_task(trainable: list[str], *, batch_size: int, queries: int, model_pa
     (1 byte per int8 value; 4 for FP32 BP) at ``batch_size`` and at N = 1 (``analytic_n1``,
     the paper's single-batch setting). ``trainable``: the sparse block + head."""
     from ..memory import analytic
-    from ..memory.mcunet_tables import measure_pmt_step
+    from .mcunet_tables import measure_pmt_step
     from ..memory.measure import measure_peak
     from ..models.mcunet import mcunet_in1, mcunet_in1_float
     from ..quant.ptq import tensor_quant_from_range

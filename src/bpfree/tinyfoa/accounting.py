@@ -44,7 +44,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .variants import Variant, parse_variant
+from ..memory.report import MemoryReport
+from ..memory.rules import register_rule
+from .variants import TABLE1, TABLE2, Variant, parse_variant
 
 __all__ = ["LayerShape", "NetShape", "PAPER_TABLE1", "fc_shape", "lc_shape", "memory_rule",
            "paper_table1", "phase_bytes", "phase_mb"]
@@ -157,8 +159,6 @@ def phase_mb(variant: str | Variant, shape: NetShape, **kw) -> dict[str, float]:
 
 def paper_table1(width: int = 2048, m: int = 2) -> dict[str, dict[str, float]]:
     """Table 1/2's memory and computation columns (MB) for the inferred network."""
-    from .variants import TABLE1, TABLE2
-
     four = fc_shape([width] * 4)
     three = fc_shape([width] * 3)
     out = {}
@@ -194,8 +194,6 @@ def memory_rule(variant: str, *, m: int = 2):
     Reads ``profile_model``'s Linear layers as an FC network (every weight counted) and
     reports the three phases as parts ``forward``, ``gradient``, ``update`` (bytes).
     """
-    from bpfree.memory.report import MemoryReport
-
     v = parse_variant(variant)
 
     def rule(profile, **_options):
@@ -209,3 +207,7 @@ def memory_rule(variant: str, *, m: int = 2):
                                                                  "update")})
 
     return rule
+
+
+#: TinyFoA §3 (Table 1 "TinyFoA" row) as the :mod:`bpfree.memory` method ``"tinyfoa"``.
+register_rule("tinyfoa", memory_rule("TinyFoA"), dtype_bytes=1)

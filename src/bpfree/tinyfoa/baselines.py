@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .binary import BinaryLinear, LocallyConnected2d, act, act_ste_mask, sign, weight_ste_mask
-from .local import check_batch, check_slices
+from .local import TinyFoA, check_batch, check_slices
 from .variants import Variant, parse_variant
 
 __all__ = ["BP", "DRTP", "FF", "PEPITA", "make_method"]
@@ -329,8 +329,6 @@ class FF(_Baseline):
 def make_method(variant: str, sizes: list[int], n_classes: int = 10, *, m: int = 2,
                 seed: int = 0, **kw):
     """Build any Table 1–2 method from its variant name (TinyFoA or a baseline)."""
-    from .local import TinyFoA
-
     v = parse_variant(variant)
     cls = {"TinyFoA": TinyFoA, "BP": BP, "DRTP": DRTP, "PEPITA": PEPITA, "FF": FF}[v.base]
     return cls(sizes, n_classes, variant=v, m=m, seed=seed, **kw)

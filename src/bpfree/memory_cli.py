@@ -11,8 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..io import write_json
-from ..models import get_model, list_models
+import torch
+
+from . import tinyfoa  # noqa: F401 (registers the "tinyfoa" memory rule)
+from .io import write_json
+from .memory.mcu import layer_memory
+from .memory.profile import profile_model
+from .memory.report import format_bytes
+from .memory.rules import (GRAD_BYTES, _resolve_trainable, analytic, cge_coordinates,
+                           macs_per_iteration, method_defaults, registered_rules)
+from .models import get_model, list_models
+from .pmt.mcunet_tables import tables_text
 
 
 def _positive_int(text: str) -> int:
@@ -26,8 +35,6 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .rules import registered_rules
-
     parser.description = ("Analytic training memory (PMT Table 3 rules, per layer) and "
                           "multiply-accumulates per iteration of a reference model for one or "
                           "more methods, memory as named parts in bytes.")
@@ -60,8 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _layer_table(profile, trainable, batch_size: int, dtype_bytes: int) -> str:
     """Per-layer d_w, d_a, PMT mode, MACs and bytes (:func:`bpfree.memory.layer_memory`)."""
-    from .rules import layer_memory
-
     rows = layer_memory(profile, batch_size=batch_size, dtype_bytes=dtype_bytes,
                         trainable=trainable, fold_bn=False)
     width = max([len("layer"), *(len(r.name or "(root)") for r in rows)])
@@ -97,12 +102,6 @@ DEFAULT_BATCH_QUERIES = {"mcunet-in1": (1, 50)}
 
 
 def main(args: argparse.Namespace) -> int:
-    from .profile import profile_model
-    from .report import format_bytes
-    from .rules import (GRAD_BYTES, _resolve_trainable, analytic, cge_coordinates,
-                        macs_per_iteration, method_defaults, registered_rules)
-    import torch
-
     spec = get_model(args.model)
     default_n, default_q = DEFAULT_BATCH_QUERIES.get(args.model, (64, 16))
     if getattr(args, "batch_size", None) is None:
@@ -170,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
         print()
 
     if args.model == "mcunet-in1":  # PMT Tables 8-9, the paper's numbers beside ours
-        print(__import__("bpfree.memory.mcunet_tables", fromlist=["_"]).tables_text())
+        print(tables_text())
     if args.json is not None:
         rows = [{**report.as_dict(), "macs_per_iteration": macs, "batch_size": args.batch_size,
                  "num_queries": args.queries, "dtype_bytes": dtype_bytes, "fold_bn": fold,

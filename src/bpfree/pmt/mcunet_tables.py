@@ -54,8 +54,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .profile import ModelProfile, profile_model
-from .rules import analytic, macs_per_iteration
+from ..memory.measure import measure_peak
+from ..memory.profile import ModelProfile, profile_model
+from ..memory.rules import analytic, macs_per_iteration
+from ..models.mcunet import _block_of, load_graph, mcunet_in1_float
+from .graph import TrainableLayer
+from .sparse import block, split_blocks
+from .trainer import PMTConfig, PMTTrainer
 
 __all__ = ["PAPER", "TableRow", "mcunet_profile", "mcunet_tables", "format_tables",
            "tables_text", "measure_pmt_step", "width_stages", "sparse_block", "blockwise_macs"]
@@ -86,8 +91,6 @@ class TableRow:
 
 def mcunet_profile(path=None, num_classes: int | None = 10) -> ModelProfile:
     """Per-sample profile of MCUNet-in1 (float mirror of the INT8 graph) at 128x128."""
-    from ..models.mcunet import mcunet_in1_float
-
     model = mcunet_in1_float(path, num_classes=num_classes)
     return profile_model(model, torch.zeros(1, 3, 128, 128))
 
@@ -124,9 +127,6 @@ def sparse_block(profile: ModelProfile, index: int = 3, num_blocks: int = 4) -> 
     """Module names of "Block ``index``" of ``num_blocks`` (PMT §3.3.1): the backbone's convs
     (the classifier excluded, as in ``bpfree bench mcunet``), cut at stage boundaries by
     :func:`bpfree.pmt.sparse.split_blocks`."""
-    from ..pmt.graph import TrainableLayer
-    from ..pmt.sparse import block, split_blocks
-
     layers = [TrainableLayer(layer.name, None, _stage(layer.name), layer.d_w, layer.d_a, ())
               for layer in _affine(profile)[:-1]]
     return block(split_blocks(layers, num_blocks), index)
@@ -136,8 +136,6 @@ def width_stages(path=None) -> list[list[str]]:
     """MCUNet's stages: runs of consecutive inverted-residual blocks (``blocks.K``) whose last
     conv has the same number of output channels (7 for MCUNet-in1: 8, 16, 24, 40, 48, 96,
     160 channels). Returns the graph block names of each stage."""
-    from ..models.mcunet import _block_of, load_graph
-
     out_channels: dict[str, int] = {}
     for layer in load_graph(path).layers:
         block = _block_of(layer["name"])
@@ -155,8 +153,6 @@ def width_stages(path=None) -> list[list[str]]:
 
 def _graph_names(path, profile: ModelProfile) -> dict[str, str]:
     """Mirror layer name ("2.conv.0") -> graph.json name ("blocks.1.pointwise1")."""
-    from ..models.mcunet import load_graph
-
     convs = [layer["name"] for layer in load_graph(path).layers if layer["op"] == "conv2d"]
     return {layer.name: g for layer, g in zip(_affine(profile), convs)}
 
@@ -319,9 +315,6 @@ def measure_pmt_step(model, x: torch.Tensor, y: torch.Tensor, *, queries: int = 
     :class:`bpfree.pmt.PMTTrainer` step on the int8 ``model`` against one inference forward on
     the same batch; returns bytes plus the analytic overhead bound (largest trainable layer's
     gradient buffer as the trainer stores it, cached stage inputs, O(Q) scalars)."""
-    from ..pmt import PMTConfig, PMTTrainer
-    from .measure import measure_peak
-
     trainer = PMTTrainer(model, PMTConfig(queries=queries, synchronized=synchronized),
                          example=x, trainable=trainable)
     xq = trainer.staged.quantize(x)
