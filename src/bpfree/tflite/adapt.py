@@ -176,7 +176,7 @@ def load_image_folder(path, input_shape: tuple[int, ...]
     grey or RGB as the model's input channels ask, resized (bilinear) to its H x W, and scaled
     to [0, 1] floats, NCHW.
     """
-    from PIL import Image
+    from PIL import Image  # lazy: Pillow only for image-folder data
 
     if len(input_shape) != 3 or input_shape[0] not in (1, 3):
         raise ValueError(f"an image folder needs a model taking images (1 or 3 channels, NCHW), "

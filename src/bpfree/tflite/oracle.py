@@ -27,7 +27,7 @@ class LiteRT:
     def __init__(self, data: bytes, *, reference: bool = True) -> None:
         if not litert_available():
             raise ImportError(REASON)
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType  # lazy: test-only
 
         kind = OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO
         self.interpreter = Interpreter(model_content=bytes(data),
