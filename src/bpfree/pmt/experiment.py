@@ -307,29 +307,24 @@ def task_ablation(qmodel, train, test, protocol: Protocol, config: PMTConfig,
     return train_and_score(make, tr, va, test, epochs=epochs, lr=lr, protocol=protocol)
 
 
+def task_no_adaptation(qmodel, test) -> dict:
+    """Table 7's No Adaptation row: the deployed model on the corrupted test split."""
+    return {"accuracy": accuracy(qmodel, *test), "forwards": 0}
+
+
+#: Task kinds of :func:`run_task`.
+TASKS = {"select": task_select, "bp": task_bp, "pmt": task_pmt, "mezo": task_mezo,
+         "deepzero": task_deepzero, "ablation": task_ablation, "cosine": gradient_cosines,
+         "no-adaptation": task_no_adaptation}
+
+
 def run_task(task: tuple[str, dict]) -> dict:
     """Process-pool entry point: ``(kind, kwargs)`` on one CPU thread; returns a plain dict."""
     torch.set_num_threads(1)
     kind, kwargs = task
+    if kind not in TASKS:
+        raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(TASKS)}")
     t0 = time.perf_counter()
-    if kind == "select":
-        out = task_select(**kwargs)
-    elif kind == "bp":
-        out = task_bp(**kwargs)
-    elif kind == "pmt":
-        out = task_pmt(**kwargs)
-    elif kind == "mezo":
-        out = task_mezo(**kwargs)
-    elif kind == "deepzero":
-        out = task_deepzero(**kwargs)
-    elif kind == "ablation":
-        out = task_ablation(**kwargs)
-    elif kind == "cosine":
-        out = gradient_cosines(**kwargs)
-    elif kind == "no-adaptation":
-        out = {"accuracy": accuracy(kwargs["qmodel"], *kwargs["test"]), "forwards": 0}
-    else:
-        raise ValueError(f"unknown task kind {kind!r}; expected select, bp, pmt, mezo, "
-                         "deepzero, ablation, cosine or no-adaptation")
+    out = TASKS[kind](**kwargs)
     out["task_seconds"] = time.perf_counter() - t0
     return out
