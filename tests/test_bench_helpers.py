@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
@@ -61,3 +62,46 @@ def test_run_keyed_many_tensor_tasks_through_a_pool():
     tasks = {i: [torch.full((8,), float(i)) for _ in range(4)] for i in range(300)}
     out = run_keyed(_total, tasks, workers=2)
     assert out == {i: 32.0 * i for i in range(300)}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux-only")
+def test_pool_workers_end_when_the_parent_is_killed(tmp_path):
+    """SIGKILL to a benchmark's main process alone must not leave its workers running."""
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "parent.py"
+    pids = tmp_path / "pids.txt"
+    script.write_text(
+        "import os, time\n"
+        "from bpfree.bench.parallel import spawn_pool\n"
+        "if __name__ == '__main__':\n"
+        "    with spawn_pool(2) as pool:\n"
+        "        futs = [pool.submit(os.getpid) for _ in range(4)]\n"
+        f"        open({str(pids)!r}, 'w').write(' '.join(str(f.result()) for f in futs))\n"
+        "        pool.submit(time.sleep, 60)\n"
+        "        time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.time() + 60
+    while not pids.exists() or not pids.read_text().strip():
+        assert time.time() < deadline, "the pool never started"
+        time.sleep(0.2)
+    workers = {int(p) for p in pids.read_text().split()}
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while any(_alive(p) for p in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in workers)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie has finished
+        return fh.read().split()[2] != "Z"
