@@ -96,3 +96,15 @@ def test_pick_lr_scores_on_held_out_data_and_drops_diverging_rates():
         pick_lr(make, x, y, (), epochs=1, batch_size=5)
     train, held = holdout_split(20, 0.2, seed=0)
     assert len(held) == 4 and not set(train.tolist()) & set(held.tolist())
+
+
+def test_accuracy_is_exact_and_refuses_an_empty_or_mismatched_set():
+    from bpfree.harness import accuracy
+
+    model = torch.nn.Identity()
+    logits = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    assert accuracy(model, logits, torch.tensor([0, 1, 1, 1]), batch_size=3) == 75.0
+    with pytest.raises(ValueError, match="non-zero number of samples"):
+        accuracy(model, logits[:0], torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="same non-zero number"):
+        accuracy(model, logits, torch.zeros(3, dtype=torch.long))

@@ -107,11 +107,13 @@ def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 1000) -> float:
-    """Top-1 accuracy (%) of ``model(x)`` logits."""
+    """Top-1 accuracy (%) of ``model(x)`` logits; an empty or mismatched set is an error (an
+    accuracy of 0 % on no samples would read as a result)."""
+    check_batch(x, y)
     correct = 0
     for lo in range(0, x.shape[0], batch_size):
         correct += int((model(x[lo:lo + batch_size]).argmax(-1) == y[lo:lo + batch_size]).sum())
-    return 100.0 * correct / max(x.shape[0], 1)
+    return 100.0 * correct / x.shape[0]
 
 
 def holdout_split(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
