@@ -318,8 +318,8 @@ def run(quick: bool):
             acc[m][c] = res_of[m][c]["accuracy"]
         res_of["pmt-sparse"][c] = results[("pmt", c, chosen[c])]
         acc["pmt-sparse"][c] = res_of["pmt-sparse"][c]["accuracy"]
-    table7 = [m for m in ("no-adaptation", "fp32-bp", "int8-bp-noqas", "int8-bp",
-                          "int8-sparse-bp", "pmt-sparse")]
+    table7 = ("no-adaptation", "fp32-bp", "int8-bp-noqas", "int8-bp", "int8-sparse-bp",
+              "pmt-sparse")
     for m in table7:
         paper = PAPER_TABLE7.get(m, {})
         for c in CORRUPTIONS:

@@ -19,9 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .corruptions import CORRUPTIONS, apply_corruption
-
-_ELASTIC_SIGMA = 4.0 / 28.0
+from .corruptions import _ELASTIC_SIGMA, CORRUPTIONS, apply_corruption
 
 
 def _motion(t: float):

@@ -106,9 +106,13 @@ def split(train: tuple[torch.Tensor, torch.Tensor], protocol: Protocol):
     return (x[tr], y[tr]), (x[va], y[va])
 
 
-def _integer_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in model.state_dict().items()
-            if not v.is_floating_point() and v.dim() > 0}
+def _trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of what training changes: the integer tensors of a quantized model (its float
+    scales are fixed), else the floating ones."""
+    state = model.state_dict()
+    integer = {k: v.clone() for k, v in state.items()
+               if not v.is_floating_point() and v.dim() > 0}
+    return integer or {k: v.clone() for k, v in state.items() if v.is_floating_point()}
 
 
 def changed_values(before: dict[str, torch.Tensor], model: nn.Module) -> int:
@@ -135,8 +139,7 @@ def train_and_score(make, train, val, test, *, epochs: int, lr: float,
     is never chosen) instead of aborting the experiment.
     """
     method, model = make()
-    before = _integer_state(model)
-    floats = {k: v.clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+    before = _trained_state(model)
     t0 = time.perf_counter()
     diverged = False
     try:
@@ -145,8 +148,7 @@ def train_and_score(make, train, val, test, *, epochs: int, lr: float,
         loss, fw = _thin(hist.loss, hist.forwards, protocol.curve_points)
     except FloatingPointError:
         diverged, loss, fw = True, [], []
-    changed = changed_values(before, model) if before else sum(
-        int((model.state_dict()[k] != v).sum()) for k, v in floats.items())
+    changed = changed_values(before, model)
     return {"lr": lr, "diverged": diverged,
             "validation_accuracy": -1.0 if diverged else accuracy(model, *val),
             "accuracy": accuracy(model, *test), "forwards": method.forwards,
