@@ -93,3 +93,29 @@ def test_pmt_mnist_table_is_the_committed_full_runs_calibration():
         param = entry["param"]
         expected = tuple(param) if isinstance(param, list) else param
         assert PMT_MNIST[name] == pytest.approx(expected), name
+
+
+def test_defocus_knob_walks_pixel_shells_with_growing_blur():
+    """The defocus knob's integer part is a pixel shell of the aliased disk, its fraction the
+    anti-aliasing sigma: the kernel's spread (second moment) never shrinks along the knob
+    within a shell, and shell k's disk holds exactly the pixels at distance <= the k-th
+    distinct distance sqrt(i^2 + j^2)."""
+    from bpfree.data.corruptions import _disk_kernel
+
+    def spread(t):
+        k = _disk_kernel(*corruption_param("defocus_blur", t))
+        c = np.arange(k.shape[0]) - k.shape[0] // 2
+        return float((k * (c[:, None] ** 2 + c[None, :] ** 2)).sum())
+
+    distances = sorted({i * i + j * j for i in range(-4, 5) for j in range(-4, 5)})
+    for shell in range(6):
+        radius, sigma = corruption_param("defocus_blur", float(shell))
+        assert sigma == pytest.approx(0.1)
+        inside = sum(1 for i in range(-4, 5) for j in range(-4, 5)
+                     if i * i + j * j <= radius ** 2)
+        assert inside == sum(1 for i in range(-4, 5) for j in range(-4, 5)
+                             if i * i + j * j <= distances[shell])
+        spreads = [spread(shell + f) for f in (0.0, 0.3, 0.6, 0.99)]
+        assert spreads == sorted(spreads) and spreads[-1] > spreads[0]
+    # The next shell's sharp disk spreads more than this shell's sharpest.
+    assert spread(4.0) > spread(3.0)
