@@ -824,7 +824,7 @@ PMT_MNIST: Mapping[str, Any] = MappingProxyType({
     "shot_noise": 0.18282554015663005,
     "impulse_noise": 0.2109375,
     "speckle_noise": 99.951171875,
-    "defocus_blur": (2.33125, 0.5),
+    "defocus_blur": (2.118033988749895, 0.86640625),
     "motion_blur": (9.030468749999999, 3.0101562499999996),
     "fog": (0.099609375, 2.0),
     "brightness": 0.0390625,
