@@ -423,25 +423,21 @@ def memory_task(trainable: list[str], *, batch_size: int, queries: int, model_pa
     y = torch.randint(0, 10, (batch_size,), generator=g)
     fmodel = mcunet_in1_float(model_path, num_classes=10)
     names = float_names(model, fmodel, x[:1])
-    kw = dict(input_shape=(3, 128, 128), batch_size=batch_size, num_queries=queries)
     sparse_f = [names[n] for n in trainable]
-    analytic_bytes = {
-        "head-init": analytic(fmodel, "inference", dtype_bytes=1, **kw).total,
-        "classifier-only": analytic(fmodel, "pmt-sparse", trainable=[names[HEAD]], **kw).total,
-        "pmt-sparse": analytic(fmodel, "pmt-sparse", trainable=sparse_f, **kw).total,
-        "pmt-dense": analytic(fmodel, "pmt", **kw).total,
-        "int8-sparse-bp": analytic(fmodel, "sparse-bp", trainable=sparse_f, **kw).total,
-        "fp32-bp": analytic(fmodel, "bp", **kw).total,
-    }
-    kw1 = dict(kw, batch_size=1)
-    analytic_n1 = {
-        "head-init": analytic(fmodel, "inference", dtype_bytes=1, **kw1).total,
-        "classifier-only": analytic(fmodel, "pmt-sparse", trainable=[names[HEAD]], **kw1).total,
-        "pmt-sparse": analytic(fmodel, "pmt-sparse", trainable=sparse_f, **kw1).total,
-        "pmt-dense": analytic(fmodel, "pmt", **kw1).total,
-        "int8-sparse-bp": analytic(fmodel, "sparse-bp", trainable=sparse_f, **kw1).total,
-        "fp32-bp": analytic(fmodel, "bp", **kw1).total,
-    }
+
+    def analytic_bytes_at(batch: int) -> dict[str, int]:
+        kw = dict(input_shape=(3, 128, 128), batch_size=batch, num_queries=queries)
+        return {
+            "head-init": analytic(fmodel, "inference", dtype_bytes=1, **kw).total,
+            "classifier-only": analytic(fmodel, "pmt-sparse", trainable=[names[HEAD]],
+                                        **kw).total,
+            "pmt-sparse": analytic(fmodel, "pmt-sparse", trainable=sparse_f, **kw).total,
+            "pmt-dense": analytic(fmodel, "pmt", **kw).total,
+            "int8-sparse-bp": analytic(fmodel, "sparse-bp", trainable=sparse_f, **kw).total,
+            "fp32-bp": analytic(fmodel, "bp", **kw).total,
+        }
+
+    analytic_bytes, analytic_n1 = analytic_bytes_at(batch_size), analytic_bytes_at(1)
     measured = {}
     m = measure_pmt_step(copy.deepcopy(model), x, y, queries=queries, synchronized=True,
                          trainable=trainable)
