@@ -3,9 +3,9 @@
 PMT §4.3 (Table 9, sparse BP-free training on the MCU) on the real imported model
 (``../shared/models/mcunet-in1-int8``, :func:`bpfree.models.mcunet.mcunet_in1`) instead of a
 small CNN: the 160 -> 1000 ImageNet classifier is replaced by a 10-class int8 head initialised
-from the frozen backbone's pooled features (:func:`bpfree.pmt.transfer.init_head`), digits are
+from the frozen backbone's pooled features (:func:`_mcunet_transfer.init_head`), digits are
 upsampled to 128x128 and replicated to 3 channels, and every method trains a copy of that
-model (:func:`bpfree.pmt.transfer.transfer_task`): head only (PMT on cached features), PMT
+model (:func:`_mcunet_transfer.transfer_task`): head only (PMT on cached features), PMT
 sparse with BP-free block selection among four backbone blocks (each trained with the head),
 INT8 sparse BP on the same block + head, FP32 BP of all layers, and PMT dense where the budget
 allows (full runs). Reported: test accuracy, forward passes, analytic memory (bpfree.memory
@@ -44,7 +44,7 @@ MEMORY_BATCH = 8
 
 
 def _setup(quick: bool):
-    from bpfree.pmt.transfer import TransferSetup
+    from _mcunet_transfer import TransferSetup
 
     if quick:
         return TransferSetup(train_images=200, test_images=300, queries=2, epochs=1,
@@ -60,7 +60,7 @@ def _setup(quick: bool):
 def run(quick: bool):
     from bpfree.pmt.mcunet_tables import mcunet_tables
     from bpfree.models.mcunet import default_model_dir
-    from bpfree.pmt.transfer import HEAD, run_task
+    from _mcunet_transfer import HEAD, run_task
 
     t_start = time.perf_counter()
     setup = _setup(quick)

@@ -8,7 +8,7 @@ model's no-adaptation accuracy matches the paper's No Adaptation row (Table 7), 
 MNIST model in the paper's regime (``bpfree.data.calibration``; table ``pmt-mnist``). Every
 method adapts the same INT8 model under §4.1's protocol (batch 100, cosine decay, no momentum,
 mu = 1, Q per layer), its rate chosen on a validation split of the training images with the
-same grid size for every method (``bpfree.pmt.experiment``), and is scored on a held-out
+same grid size for every method (``benchmarks/_pmt_experiment.py``), and is scored on a held-out
 corrupted test split. The paper column holds PMT's CIFAR-10-C / MCUNet numbers: a different
 model and dataset, compared for the shape of each claim. The claim ledger's verdicts are
 computed from this run's rows.
@@ -91,7 +91,7 @@ ABLATIONS = ("NP, GNS + QAS", "NP, no GNS", "NP, no QAS", "model-wise WP", "mode
 
 
 def _settings(quick: bool):
-    from bpfree.pmt.experiment import Protocol
+    from _pmt_experiment import Protocol
 
     if quick:
         return dict(pretrain_images=20000, pretrain_epochs=3, test_images=1000,
@@ -230,7 +230,7 @@ def run(quick: bool):
     from bpfree.harness import accuracy
     from bpfree.pmt import find_layers
     from bpfree.pmt.diagnostic import plot_cosines
-    from bpfree.pmt.experiment import blocks_of, run_task
+    from _pmt_experiment import blocks_of, run_task
 
     t_start = time.perf_counter()
     torch.set_num_threads(default_workers())

@@ -28,8 +28,6 @@ ROOT = SRC / "bpfree"
 #: Files still allowed imports inside functions (of bpfree or without a comment), with why.
 PENDING = {
     # experiment drivers, to move to benchmarks/ (issue 15, "Experiment drivers")
-    "bpfree/pmt/experiment.py": "experiment driver, moving to benchmarks/",
-    "bpfree/pmt/transfer.py": "experiment driver, moving to benchmarks/",
     "bpfree/qzoff/experiment.py": "experiment driver, moving to benchmarks/",
     "bpfree/ttzo/experiment.py": "experiment driver, moving to benchmarks/",
     "bpfree/tinyfoa/experiment.py": "experiment driver, moving to benchmarks/",
@@ -173,8 +171,8 @@ def test_the_graph_sees_imports_inside_functions_and_relative_imports():
     assert len(MODULES) > 50
     # relative, module level
     assert "bpfree.quant.stages" in EDGES["bpfree.quant.twin"]
-    # inside a function (a pending experiment driver)
-    assert "bpfree.memory.measure" in EDGES["bpfree.pmt.transfer"]
+    # inside a function (a pending command front end)
+    assert "bpfree.quant.ptq" in EDGES["bpfree.demo"]
     # a synthetic cycle is found
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None

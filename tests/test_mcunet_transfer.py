@@ -1,4 +1,4 @@
-"""Smoke tests of the MCUNet transfer pipeline (bpfree.pmt.transfer, benchmarks/mcunet.py)."""
+"""Smoke tests of the MCUNet transfer pipeline (benchmarks/_mcunet_transfer.py, benchmarks/mcunet.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bpfree.models.mcunet import default_model_dir
-from bpfree.pmt.transfer import (HEAD, TransferSetup, backbone_features, float_names,
+from _mcunet_transfer import (HEAD, TransferSetup, backbone_features, float_names,
                                  head_model, init_head, prepare_images, with_head)
 
 MODEL_DIR = default_model_dir()  # $BPFREE_MODELS or ../shared/models
@@ -98,7 +98,7 @@ def test_benchmark_module_loads():
 
 @needs_model
 def test_float_graph_follows_the_int8_model(base):
-    from bpfree.pmt.transfer import float_graph
+    from _mcunet_transfer import float_graph
     from bpfree.quant.twin import float_twin
 
     g = torch.Generator().manual_seed(1)
@@ -123,7 +123,7 @@ def test_selection_holdout_is_unseen_by_the_head(monkeypatch):
     trials start from must be fitted on the other four fifths only (a head fitted on all
     images scored the quick MNIST hold-out at 92.5% against 74% on test, so every trial
     showed a gain of 0)."""
-    import bpfree.pmt.transfer as transfer
+    import _mcunet_transfer as transfer
     from bpfree.pmt.sparse import holdout_split
 
     pytest.importorskip("bpfree.data")

@@ -17,7 +17,7 @@ from bpfree.pmt import (
     estimate_group,
     find_layers,
     fit,
-    gradient_norm_scale,
+    gradient_norm_factor,
     node_to_parameter_gradients,
     per_sample_loss,
     requant_scale,
@@ -163,7 +163,7 @@ def test_update_follows_eq8_with_gns_and_qas():
     assert torch.equal(layer.weight, expect.to(torch.int8))
     s_b = s_w.view(-1) * layer.input_quant.scale
     assert torch.equal(layer.bias, torch.round(b0.double() - 0.5 * factor * gb / s_b**2).int())
-    assert gradient_norm_scale(10, 36) == pytest.approx(factor)
+    assert gradient_norm_factor(10, 36) == pytest.approx(factor)
     # Without QAS the same lr moves nothing: the update is below half an LSB (§3.1.2).
     layer.weight.copy_(w0)
     est = LayerEstimate(g.clone(), gb.clone(), directions=10, dimension=36)  # consumed above

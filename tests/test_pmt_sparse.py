@@ -9,7 +9,7 @@ from bpfree.models import mnist_mobilenet
 from bpfree.pmt import PMTConfig, PMTTrainer, find_layers
 from bpfree.pmt.diagnostic import SCHEMES, bp_gradients, gradient_cosines, plot_cosines, \
     zo_gradients
-from bpfree.pmt.experiment import METHODS, Protocol, noqas_rates, run_task, split, sweep
+from _pmt_experiment import METHODS, Protocol, noqas_rates, run_task, split, sweep
 from bpfree.pmt.sparse import block, holdout_split, select_block, split_blocks
 from bpfree.quant import quantize_model
 
@@ -133,7 +133,7 @@ def test_split_is_disjoint_and_covers_the_training_images(models):
 
 def test_sweep_chooses_the_rate_by_validation_accuracy_not_test(monkeypatch):
     """Validation and test scores disagree on purpose: the choice must follow validation."""
-    import bpfree.pmt.experiment as ex
+    import _pmt_experiment as ex
 
     scores = {0.1: {"val": 40.0, "test": 90.0}, 0.2: {"val": 60.0, "test": 10.0}}
     x, y = torch.zeros(10, 1), torch.zeros(10, dtype=torch.long)

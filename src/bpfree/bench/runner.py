@@ -145,7 +145,16 @@ def load_module(stem: str, directory: str | os.PathLike | None = None):
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.py"))) or "(none)"
         raise FileNotFoundError(f"no benchmark file {path}; files there: {known}")
+    _share_helpers(folder)
     return _import_file(path)
+
+
+def _share_helpers(folder: Path) -> None:
+    """Let benchmarks import the folder's helper modules (``_pmt_experiment.py``) by a plain
+    import, here and in spawned workers (which inherit ``sys.path``); appended so that
+    installed packages always win over a same-named file here."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 def _describe_module(path: Path, module) -> BenchmarkInfo:
@@ -176,10 +185,7 @@ def discover(directory: str | os.PathLike | None = None) -> list[BenchmarkInfo]:
     folder = Path(directory) if directory is not None else benchmarks_dir()
     if not folder.is_dir():
         raise FileNotFoundError(f"benchmarks folder {str(folder)!r} is not a directory")
-    # Lets benchmarks share helper modules (_common.py) by a plain import; appended so that
-    # installed packages always win over a same-named file here.
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
+    _share_helpers(folder)
     entries: dict[str, BenchmarkInfo] = {}
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):

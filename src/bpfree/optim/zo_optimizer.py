@@ -35,6 +35,7 @@ from torch import Tensor
 from ..estimators import QueryContext, get_estimator, materialize
 from ..objective import Objective
 from ..perturb import add_direction_, derive_seed, get_distribution
+from ..updates import sgd_
 from ..transforms import TensorInfo, split_transforms
 from .params import owners
 
@@ -221,7 +222,7 @@ class ZOOptimizer(torch.optim.Optimizer):
         self._check_reach(params, names, lrs, [float(torch.linalg.vector_norm(g, float("inf")))
                                                for g in grads])
         for p, g, lr in zip(params, grads, lrs):
-            p.data.sub_(g.to(p.dtype) * lr)
+            sgd_(p.data, g, lr)
         return True
 
     def _direction_bound(self) -> float:

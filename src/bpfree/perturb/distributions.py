@@ -10,9 +10,11 @@ perturbation on quantized models (QZO-FF §3.3, Eq. 6).
 
 Registered names:
 
-* ``"rademacher"``: fast stateless counter-based signs (:mod:`.counter`), the simulation default.
-* ``"rademacher_xorshift"``: device-parity XORShift32 signs of PMT Appendix F (:mod:`.xorshift`).
-* ``"rademacher_torch"``: ``torch.randint`` signs.
+* ``"rademacher"``: +-1 signs; kwarg ``generator`` = ``"counter"`` (fast stateless counter-based
+  signs of :mod:`.counter`, the simulation default), ``"xorshift"`` (device-parity XORShift32 of
+  PMT Appendix F, :mod:`.xorshift`) or ``"torch"`` (``torch.randint``).
+* ``"rademacher_xorshift"``, ``"rademacher_torch"``: aliases of ``"rademacher"`` with that
+  generator.
 * ``"gaussian"``: ``torch.randn``.
 * ``"quantized_gaussian"``: QZO-FF §3.3, kwargs ``bits`` (2..16, default 8) and ``z_max``
   (default 3.5).
@@ -82,7 +84,7 @@ class Distribution(ABC):
         ``dtype=None`` picks the narrowest signed dtype holding every code (int8 for signs)."""
         raise ValueError(
             f"distribution {self.name!r} is not integer-valued; integer codes are available for "
-            f"{[n for n, c in _REGISTRY.items() if c.integer_valued]}"
+            f"{[n for n in list_distributions() if get_distribution(n).integer_valued]}"
         )
 
 
@@ -100,8 +102,8 @@ def register_distribution(cls: type[Distribution]) -> type[Distribution]:
 
 
 def list_distributions() -> list[str]:
-    """Registered names, the default (``"rademacher"``) first."""
-    return list(_REGISTRY)
+    """Registered names and aliases, the default (``"rademacher"``) first."""
+    return list(_REGISTRY) + [a for a in _ALIASES if a not in _REGISTRY]
 
 
 def get_distribution(name: str | Distribution, **kwargs) -> Distribution:
@@ -114,86 +116,85 @@ def get_distribution(name: str | Distribution, **kwargs) -> Distribution:
         if kwargs:
             raise ValueError("kwargs are only accepted with a distribution name, not an instance")
         return name
-    if not isinstance(name, str) or name not in _REGISTRY:
+    if not isinstance(name, str) or name not in list_distributions():
         raise ValueError(f"unknown distribution {name!r}; known names: {list_distributions()}")
-    cls = _REGISTRY[name]
-    allowed = [f.name for f in dataclasses.fields(cls)]
+    cls, preset = _ALIASES.get(name, (_REGISTRY.get(name), {}))
+    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in preset]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(
             f"unknown argument(s) {unknown} for distribution {name!r}; allowed: {allowed or 'none'}"
         )
-    return cls(**kwargs)
+    return cls(**preset, **kwargs)
 
 
-def _float_result(values: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
-    return values.to(device=device, dtype=dtype)
+def _rademacher_counter(seed, shape, dtype, device):
+    return rademacher_fast(seed, shape, dtype=dtype, device=device)
 
 
-@register_distribution
+def _rademacher_xorshift(seed, shape, dtype, device):
+    return rademacher_xorshift(seed, shape).to(device=device, dtype=dtype)
+
+
+def _rademacher_torch(seed, shape, dtype, device):
+    return rademacher_torch(seed, shape, dtype=dtype, device=device)
+
+
+#: Rademacher sign generators: one distribution, three streams of the same law.
+RADEMACHER_GENERATORS = {
+    "counter": _rademacher_counter,    # stateless SplitMix64 counter: the simulation default
+    "xorshift": _rademacher_xorshift,  # PMT Appendix F's XORShift32: bit parity with a device
+    "torch": _rademacher_torch,        # torch.randint with a seeded generator
+}
+
+
 @dataclass(frozen=True)
 class Rademacher(Distribution):
-    """Fast counter-based +-1 signs (:func:`.counter.rademacher_fast`); the simulation default."""
+    """+-1 signs, ``E[xi**2] = 1``; ``generator`` picks the stream (:data:`RADEMACHER_GENERATORS`).
 
-    name: ClassVar[str] = "rademacher"
+    ``"xorshift"`` is the device-parity stream of PMT Appendix F and takes seeds in
+    [1, 2**32 - 1] (XORShift32 has no zero state); the others take any 64-bit seed.
+    """
+
     integer_valued: ClassVar[bool] = True
+    generator: str = "counter"
 
     @property
-    def int_scale(self) -> float:
-        return 1.0
+    def name(self) -> str:
+        """The registry name that builds this distribution (the alias for a non-default
+        generator), so results and messages say which stream ran."""
+        return "rademacher" if self.generator == "counter" else f"rademacher_{self.generator}"
 
-    def sample(self, seed, shape, *, dtype=torch.float32, device="cpu"):
-        check_float_dtype(dtype)
-        return rademacher_fast(self.check_seed(seed), shape, dtype=dtype, device=device)
-
-    def sample_int(self, seed, shape, *, dtype=None, device="cpu"):
-        dtype = check_int_dtype(torch.int8 if dtype is None else dtype)
-        return rademacher_fast(self.check_seed(seed), shape, dtype=dtype, device=device)
-
-
-@register_distribution
-@dataclass(frozen=True)
-class RademacherXorshift(Distribution):
-    """Device-parity XORShift32 signs, PMT Appendix F (seeds in [1, 2**32 - 1])."""
-
-    name: ClassVar[str] = "rademacher_xorshift"
-    integer_valued: ClassVar[bool] = True
+    def __post_init__(self):
+        if self.generator not in RADEMACHER_GENERATORS:
+            raise ValueError(f"Rademacher generator must be one of "
+                             f"{list(RADEMACHER_GENERATORS)}, got {self.generator!r}")
 
     @property
     def int_scale(self) -> float:
         return 1.0
 
     def check_seed(self, seed):
-        return check_seed32_nonzero(seed)
+        if self.generator == "xorshift":
+            return check_seed32_nonzero(seed)
+        return check_seed64(seed)
 
     def sample(self, seed, shape, *, dtype=torch.float32, device="cpu"):
         check_float_dtype(dtype)
-        return _float_result(rademacher_xorshift(self.check_seed(seed), shape), dtype, device)
+        return RADEMACHER_GENERATORS[self.generator](self.check_seed(seed), shape, dtype, device)
 
     def sample_int(self, seed, shape, *, dtype=None, device="cpu"):
         dtype = check_int_dtype(torch.int8 if dtype is None else dtype)
-        return rademacher_xorshift(self.check_seed(seed), shape).to(device=device, dtype=dtype)
+        return RADEMACHER_GENERATORS[self.generator](self.check_seed(seed), shape, dtype, device)
 
 
-@register_distribution
-@dataclass(frozen=True)
-class RademacherTorch(Distribution):
-    """+-1 signs from ``torch.randint`` with a seeded generator."""
+_REGISTRY["rademacher"] = Rademacher  # registered by hand: its name is per instance
 
-    name: ClassVar[str] = "rademacher_torch"
-    integer_valued: ClassVar[bool] = True
-
-    @property
-    def int_scale(self) -> float:
-        return 1.0
-
-    def sample(self, seed, shape, *, dtype=torch.float32, device="cpu"):
-        check_float_dtype(dtype)
-        return rademacher_torch(self.check_seed(seed), shape, dtype=dtype, device=device)
-
-    def sample_int(self, seed, shape, *, dtype=None, device="cpu"):
-        dtype = check_int_dtype(torch.int8 if dtype is None else dtype)
-        return rademacher_torch(self.check_seed(seed), shape, dtype=dtype, device=device)
+# Registry names kept from when each generator was its own class.
+_ALIASES: dict[str, tuple[type[Distribution], dict]] = {
+    "rademacher_xorshift": (Rademacher, {"generator": "xorshift"}),
+    "rademacher_torch": (Rademacher, {"generator": "torch"}),
+}
 
 
 @register_distribution

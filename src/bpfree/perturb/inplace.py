@@ -76,8 +76,8 @@ def _index_dtype(n: int):
 
 
 def _fused_ok(t: torch.Tensor, dist: Distribution) -> bool:
-    return (isinstance(dist, Rademacher) and t.device.type == "cpu"
-            and t.dtype == torch.float32 and t.is_contiguous())
+    return (isinstance(dist, Rademacher) and dist.generator == "counter"
+            and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous())
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from .estimate import LayerEstimate, estimate_group, node_to_parameter_gradients
 from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss
 from ..harness import History, accuracy, cosine_lr, fit
 from .trainer import PERTURBATIONS, PMTConfig, PMTTrainer
-from .update import apply_update, gradient_norm_scale, quantization_aware_scales
+from ..transforms.scaling import gradient_norm_factor
+from .update import apply_update, quantization_aware_scales
 
 __all__ = [
     "DeepZeroCGE",
@@ -36,7 +37,7 @@ __all__ = [
     "estimate_group",
     "find_layers",
     "fit",
-    "gradient_norm_scale",
+    "gradient_norm_factor",
     "node_to_parameter_gradients",
     "per_sample_loss",
     "quantization_aware_scales",

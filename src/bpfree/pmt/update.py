@@ -1,5 +1,9 @@
 """PMT's integer parameter update: Eq. 8 with GNS and QAS, rounded and clipped (Eq. 11).
 
+A composition of shared pieces: the GNS and QAS factors of :mod:`bpfree.transforms.scaling`
+and the :func:`bpfree.updates.round_and_clip_` rule; what is PMT's own here is the
+per-output-channel scale bookkeeping of its int8 layers and the in-place buffer reuse.
+
 ``W <- clip(round(W - eta_t * GNS * QAS * g), -128, 127)`` for int8 weights and the int32 range
 for biases, where
 
@@ -18,23 +22,18 @@ import math
 
 import torch
 
+from ..transforms.scaling import gradient_norm_factor, quantization_aware_factor
+from ..updates import round_and_clip_
 from .estimate import LayerEstimate
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-
-def gradient_norm_scale(directions: int, dimension: int) -> float:
-    """GNS factor ``NQ / (NQ + d - 1)`` of Eq. 8."""
-    if directions < 1 or dimension < 1:
-        raise ValueError(f"directions and dimension must be >= 1, got {directions}, {dimension}")
-    return directions / (directions + dimension - 1)
 
 
 def quantization_aware_scales(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(1/s_w^2, 1/(s_in s_w)^2) per output channel, float64 (Appendix B)."""
     s_w = torch.tensor(layer.weight_quant.scales, dtype=torch.float64)
     s_b = s_w * layer.input_quant.scale
-    return s_w.pow(-2), s_b.pow(-2)
+    return quantization_aware_factor(s_w), quantization_aware_factor(s_b)
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -68,7 +67,7 @@ def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
             estimate.bias is not None and not _all_finite(estimate.bias)):
         raise FloatingPointError(f"non-finite gradient estimate; {type(layer).__name__} "
                                  "left unchanged")
-    factor = gradient_norm_scale(estimate.directions, estimate.dimension) if gns else 1.0
+    factor = gradient_norm_factor(estimate.directions, estimate.dimension) if gns else 1.0
     step = lr * factor
     qw, qb = quantization_aware_scales(layer) if qas else (None, None)
     # The estimate is consumed in place: the gradient buffer becomes the new weights, so the
@@ -76,13 +75,13 @@ def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
     gw = estimate.weight.mul_(-step)
     if qas:
         gw.mul_(_channel_view(qw.to(gw.device), gw))
-    w_new = gw.add_(layer.weight).round_().clamp_(-128, 127)
+    w_new = round_and_clip_(gw, layer.weight, -128, 127)
     changed = float((w_new != layer.weight).sum()) / max(w_new.numel(), 1)
     layer.weight.copy_(w_new)
     if estimate.bias is not None:
         gb = estimate.bias.mul_(-step)
         if qas:
             gb.mul_(qb.to(gb.device))
-        b_new = gb.add_(layer.bias).round_().clamp_(INT32_MIN, INT32_MAX)
+        b_new = round_and_clip_(gb, layer.bias, INT32_MIN, INT32_MAX)
         layer.bias.copy_(b_new.to(torch.int32))
     return {"gns": factor, "changed": changed}

@@ -30,6 +30,8 @@ from ..quant.fixed_point import (
     multiply_by_quantized_multiplier,
     quantize_multiplier,
 )
+from ..updates.fixed_point import fixed_point_update as quantized_update
+from ..updates.fixed_point import qmax, saturate, update_multiplier
 
 __all__ = [
     "EpsilonUnderflowWarning",
@@ -54,19 +56,6 @@ class EpsilonUnderflowWarning(UserWarning):
     Appendix E): "the small perturbation of ε is quantized using the scaling factor of weights
     (Δw). It requires higher bits to be properly represented".
     """
-
-
-def qmax(bits: int) -> int:
-    """Largest code of a symmetric signed ``bits``-bit integer, ``2**(bits-1) - 1``."""
-    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 2 <= bits <= 31:
-        raise ValueError(f"bits must be an int in [2, 31], got {bits!r}")
-    return 2 ** (int(bits) - 1) - 1
-
-
-def saturate(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Clamp integer ``x`` to ``[-qmax(bits), qmax(bits)]``."""
-    q = qmax(bits)
-    return x.clamp(-q, q)
 
 
 def _channel_view(scale: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -221,49 +210,3 @@ def accumulate_gradient(signs, codes) -> torch.Tensor:
     if total is None:
         raise ValueError("need at least one direction")
     return total
-
-
-def update_multiplier(lr: float, z_scale: float, w_scale: torch.Tensor, m: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 8's real factor ``Δη·Δz / (m·Δw)`` as TFLite ``(multiplier, shift)`` int64 tensors
-    (0-d per tensor, ``[C]`` per channel). ``Δη = η`` quantizes the learning rate to ``1``
-    (§3.3) and ``1/m`` is Algorithm 1 line 13's average. A factor below ``2**-32`` flushes to
-    ``(0, 0)`` (no update), as TFLite does."""
-    if not (math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"lr must be a finite number >= 0, got {lr}")
-    reals = (float(lr) * float(z_scale) / (m * w_scale.to(torch.float64))).reshape(-1)
-    pairs = [quantize_multiplier(float(r)) for r in reals]
-    mult = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
-    shift = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-    return mult.reshape(w_scale.shape), shift.reshape(w_scale.shape)
-
-
-def quantized_update(w_q: torch.Tensor, g_acc: torch.Tensor, multiplier, shift, bits: int,
-                     mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """QZO-FF Eq. 8 / Algorithm 1 lines 15-16: ``w̄_q = MBQM(g_q^a, m, k)`` with
-    ``m·2**(k-31) ≈ Δη·Δz/(m·Δw)`` (from :func:`update_multiplier`), then
-    ``w_q ← sat_b(w_q − w̄_q)``.
-
-    ``multiplier``/``shift``: 0-d (per tensor) or ``[C]`` (per channel along dim 0). ``mask``
-    (bool, exactly ``w_q``'s shape: a broadcastable mask is refused, ValueError) zeroes
-    ``w̄_q`` outside the trainable subset (sparse update). Returns ``(new w_q, w̄_q)`` as
-    int32.
-    """
-    if tuple(g_acc.shape) != tuple(w_q.shape):
-        raise ValueError(f"gradient accumulator has shape {tuple(g_acc.shape)}, but the weights "
-                         f"have shape {tuple(w_q.shape)}")
-    if mask is not None and (not isinstance(mask, torch.Tensor)
-                             or tuple(mask.shape) != tuple(w_q.shape)):
-        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"sparse-update mask has shape {got}, but the weights have shape "
-                         f"{tuple(w_q.shape)}; a mask must match its weight tensor exactly")
-    mult = torch.as_tensor(multiplier, dtype=torch.int64)
-    sh = torch.as_tensor(shift, dtype=torch.int64)
-    if mult.dim() == 1 and w_q.dim() >= 1:
-        step = multiply_by_quantized_multiplier(g_acc, mult, sh, axis=0)
-    else:
-        step = multiply_by_quantized_multiplier(g_acc, int(mult), int(sh))
-    if mask is not None:
-        step = step * mask.to(step.dtype)
-    new = saturate(w_q.to(torch.int64) - step.to(torch.int64), bits).to(torch.int32)
-    return new, step.to(torch.int32)

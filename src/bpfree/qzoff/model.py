@@ -23,11 +23,11 @@ output to float16 while computing in float32).
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 
 import torch
 from torch import nn
 
+from ..optim.params import select_parameters as core_select_parameters
 from .fixed_point import quantize_weights
 
 __all__ = ["ActivationQuantizer", "QuantizedParams", "select_parameters"]
@@ -42,19 +42,22 @@ HOOKED_TYPES = (
 def select_parameters(model: nn.Module, patterns=None) -> list[tuple[str, nn.Parameter]]:
     """Parameters named by ``patterns`` (exact names or ``fnmatch`` globs, e.g. ``"2.*"``);
     ``None`` selects every parameter with ``requires_grad``. A pattern that matches nothing is
-    an error (a typo would otherwise silently train nothing)."""
+    an error (a typo would otherwise silently train nothing).
+
+    The matching is :func:`bpfree.optim.select_parameters`'; what QZO-FF adds is the order:
+    patterns' order, not the model's, because its per-tensor seeds follow the list.
+    """
     named = list(model.named_parameters())
     if patterns is None:
         chosen = [(n, p) for n, p in named if p.requires_grad]
     else:
-        if isinstance(patterns, str):
-            patterns = [patterns]
         chosen, seen = [], set()
-        for pat in patterns:
-            hits = [(n, p) for n, p in named if n == pat or fnmatch.fnmatchcase(n, pat)]
-            if not hits:
+        for pat in [patterns] if isinstance(patterns, str) else patterns:
+            try:
+                hits = core_select_parameters(model, pat)
+            except ValueError:
                 raise ValueError(f"parameter pattern {pat!r} matches none of "
-                                 f"{[n for n, _ in named]}")
+                                 f"{[n for n, _ in named]}") from None
             for n, p in hits:
                 if n not in seen:
                     seen.add(n)

@@ -56,6 +56,7 @@ from ..perturb import (
 )
 from ..quant.fixed_point import quantize_multiplier
 from ..transforms.shaping import KernelwiseNormalization
+from ..updates import fixed_point_update, saturate, update_multiplier
 from . import fixed_point as fxp
 from .model import ActivationQuantizer, QuantizedParams, select_parameters
 from .optim import OPTIMIZERS, FloatOptimizer
@@ -419,7 +420,7 @@ class QZOFF:
             if c.optimizer == "sgd":
                 for k in range(len(self.qp.codes)):
                     mult, shift = self._sgd_multiplier(k, est, lr)
-                    self.qp.codes[k], _ = fxp.quantized_update(
+                    self.qp.codes[k], _ = fixed_point_update(
                         self.qp.codes[k], est.acc[k], mult, shift, c.w_bits, self.masks[k])
             else:
                 steps = self.optimizer.steps(est.grads, self.float_weights(), lr)
@@ -428,7 +429,7 @@ class QZOFF:
                     if self.masks[k] is not None:
                         wbar = wbar * self.masks[k]
                     new = self.qp.codes[k].to(torch.int64) - wbar.to(torch.int64)
-                    self.qp.codes[k] = fxp.saturate(new, c.w_bits).to(torch.int32)
+                    self.qp.codes[k] = saturate(new, c.w_bits).to(torch.int32)
         else:
             steps = self.optimizer.steps(est.grads, self.weights, lr)
             for k, st in enumerate(steps):
@@ -445,7 +446,7 @@ class QZOFF:
         c = self.config
         scale = self.qp.scales[k]
         if self.kernel_norm is None:
-            return fxp.update_multiplier(lr, self.z_scale, scale, c.m)
+            return update_multiplier(lr, self.z_scale, scale, c.m)
         gnorm = float(torch.linalg.vector_norm(est.acc[k].to(torch.float64)))
         if gnorm == 0.0:
             return torch.zeros_like(scale, dtype=torch.int64), torch.zeros_like(

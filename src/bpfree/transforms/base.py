@@ -1,8 +1,12 @@
 """Composable gradient transforms, in the manner of optax.
 
-A transform is a small object with two pure-ish methods: ``init(params) -> state`` and
-``update(grads, state, info) -> (grads, state)``. A paper's update rule is a short chain of
-them, and an ablation is the same chain with one piece removed.
+A transform is a small object with ``init(params) -> state`` and
+``update(grads, state, infos, params) -> grads``. Unlike optax, ``update`` changes ``state``
+in place instead of returning a new one: a momentum buffer is as large as the parameters, and
+a device that trains without back-propagation cannot afford a second copy for a functional
+swap. ``grads`` may be transformed in place too; callers pass buffers they own. A paper's
+update rule is a short chain of transforms, and an ablation is the same chain with one piece
+removed.
 
 Two kinds exist because a zeroth-order estimate need not be materialized: ``ScaleTransform``
 only contributes a scalar per tensor (gradient-norm scaling, quantization-aware scaling), so
@@ -58,7 +62,8 @@ class MapTransform:
 
     def update(self, grads: list[Tensor], state: dict,
                infos: list[TensorInfo], params: list[Tensor]) -> list[Tensor]:
-        """Return the transformed gradients; may update ``state`` in place."""
+        """Return the transformed gradients, updating ``state`` in place (see the module
+        docstring for why this is not optax's functional ``(grads, state)``)."""
         raise NotImplementedError  # pragma: no cover - interface
 
     def __repr__(self) -> str:

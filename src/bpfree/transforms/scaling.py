@@ -1,8 +1,24 @@
-"""Learning-rate scalings of PMT §3.1.2 (Eq. 8)."""
+"""Learning-rate scalings of PMT §3.1.2 (Eq. 8): the one home of GNS and QAS.
+
+The factors are pure functions, used by the float optimizer's transforms below and by PMT's
+integer update (:mod:`bpfree.pmt.update`), so each formula exists once.
+"""
 
 from __future__ import annotations
 
 from .base import ScaleTransform, TensorInfo
+
+
+def gradient_norm_factor(directions: int, dimension: int) -> float:
+    """GNS, ``NQ / (NQ + d - 1)`` of PMT Eq. 8 (``NQ`` directions averaged, dimension ``d``)."""
+    if directions < 1 or dimension < 1:
+        raise ValueError(f"directions and dimension must be >= 1, got {directions}, {dimension}")
+    return directions / (directions + dimension - 1)
+
+
+def quantization_aware_factor(scale):
+    """QAS, ``1 / s^2`` of PMT Appendix B (Eq. 12), for a float or a tensor of scales."""
+    return scale ** -2
 
 
 class GradientNormScaling(ScaleTransform):
@@ -14,8 +30,7 @@ class GradientNormScaling(ScaleTransform):
     """
 
     def factor(self, info: TensorInfo) -> float:
-        nq = info.num_directions
-        return nq / (nq + info.dim - 1)
+        return gradient_norm_factor(info.num_directions, info.dim)
 
 
 class QuantizationAwareScaling(ScaleTransform):
@@ -29,7 +44,7 @@ class QuantizationAwareScaling(ScaleTransform):
     def factor(self, info: TensorInfo) -> float:
         if not info.scale > 0:
             raise ValueError(f"quantization scale of {info.name!r} must be > 0, got {info.scale}")
-        return 1.0 / (info.scale * info.scale)
+        return quantization_aware_factor(info.scale)
 
 
 def gradient_norm_scaling() -> GradientNormScaling:

@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .baselines import FullTrainFP32, SparseBP
-from ..harness import accuracy, fit, holdout_split, pick_lr
-from .sparse import select_block, split_blocks
-from .trainer import PMTConfig, PMTTrainer
+from bpfree.harness import accuracy, fit, holdout_split, pick_lr
+from bpfree.pmt.baselines import FullTrainFP32, SparseBP
+from bpfree.pmt.sparse import select_block, split_blocks
+from bpfree.pmt.trainer import PMTConfig, PMTTrainer
 
 __all__ = ["TransferSetup", "prepare_images", "load_digits", "backbone_features", "init_head",
            "with_head", "head_model", "float_graph", "float_names", "transfer_task",
@@ -120,7 +120,7 @@ def load_digits(kind: str, train_images: int, test_images: int, seed: int = 0,
                                                                                torch.Tensor]]:
     """Seeded random subsets of the train and test splits of MNIST / Fashion-MNIST as the
     model's int8 128x128x3 input: ``((x_train, y_train), (x_test, y_test))``."""
-    from ..data import load_mnist
+    from bpfree.data import load_mnist
 
     out = []
     for split, n, s in (("train", train_images, seed), ("test", test_images, seed + 1)):
@@ -162,8 +162,8 @@ def init_head(feature_quant, features_q: torch.Tensor, y: torch.Tensor, num_clas
     and given an output range ``margin`` times that of the training logits.
     Returns ``(QLinear, info dict)``.
     """
-    from ..quant.layers import QLinear
-    from ..quant.ptq import quantize_weights, tensor_quant_from_range
+    from bpfree.quant.layers import QLinear
+    from bpfree.quant.ptq import quantize_weights, tensor_quant_from_range
 
     f = feature_quant.dequantize(features_q).to(torch.float64)
     y = y.long()
@@ -199,7 +199,7 @@ def init_head(feature_quant, features_q: torch.Tensor, y: torch.Tensor, num_clas
 
 def with_head(qmodel: nn.Module, head: nn.Module) -> nn.Module:
     """A copy of ``qmodel`` whose classifier (last stage) is ``head`` (also copied)."""
-    from ..quant.stages import QuantizedModel
+    from bpfree.quant.stages import QuantizedModel
 
     body = copy.deepcopy(qmodel.body)
     body[len(body) - 1] = copy.deepcopy(head)
@@ -213,7 +213,7 @@ def with_head(qmodel: nn.Module, head: nn.Module) -> nn.Module:
 
 def head_model(head: nn.Module) -> nn.Module:
     """The head alone as a QuantizedModel on int8 features (shares ``head``'s buffers)."""
-    from ..quant.stages import QuantizedModel
+    from bpfree.quant.stages import QuantizedModel
 
     return QuantizedModel(nn.Sequential(head), head.input_quant, (head.output_quant,))
 
@@ -222,7 +222,7 @@ def float_names(qmodel: nn.Module, float_model: nn.Module, example: torch.Tensor
                 ) -> dict[str, str]:
     """Integer layer name (``body.2.body.0``) -> module name of the same conv / linear in
     :func:`bpfree.models.mcunet.mcunet_in1_float` (both list the affine layers in order)."""
-    from .graph import find_layers
+    from bpfree.pmt.graph import find_layers
 
     qnames = [layer.name for layer in find_layers(qmodel, example)]
     fnames = [n for n, m in float_model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
@@ -241,7 +241,7 @@ def float_graph(qmodel: nn.Module) -> nn.Module:
     ``fake_quant=False`` plus, after every layer, a clamp to the real range of its int8 output
     quantization. The imported MCUNet fuses ReLU6 as that output range (no activation flag),
     so without the clamps the float graph would lose its nonlinearities."""
-    from ..quant.twin import float_twin
+    from bpfree.quant.twin import float_twin
 
     twin = float_twin(qmodel, fake_quant=False)
 
@@ -278,7 +278,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
                   methods=METHODS) -> dict:
     """Every method of ``methods`` on one dataset; returns ``{method: result dict}`` plus
     ``"head"`` (initialisation details), ``"selection"`` and ``"blocks"``."""
-    from ..models.mcunet import mcunet_in1
+    from bpfree.models.mcunet import mcunet_in1
 
     torch.manual_seed(setup.seed)
     t_task = time.perf_counter()
@@ -404,12 +404,12 @@ def memory_task(trainable: list[str], *, batch_size: int, queries: int, model_pa
     images: memory does not depend on the values) and the analytic rules on the float mirror
     (1 byte per int8 value; 4 for FP32 BP) at ``batch_size`` and at N = 1 (``analytic_n1``,
     the paper's single-batch setting). ``trainable``: the sparse block + head."""
-    from ..memory import analytic
-    from .mcunet_tables import measure_pmt_step
-    from ..memory.measure import measure_peak
-    from ..models.mcunet import mcunet_in1, mcunet_in1_float
-    from ..quant.ptq import tensor_quant_from_range
-    from ..quant.layers import QLinear
+    from bpfree.memory import analytic
+    from bpfree.pmt.mcunet_tables import measure_pmt_step
+    from bpfree.memory.measure import measure_peak
+    from bpfree.models.mcunet import mcunet_in1, mcunet_in1_float
+    from bpfree.quant.ptq import tensor_quant_from_range
+    from bpfree.quant.layers import QLinear
 
     g = torch.Generator().manual_seed(seed)
     base = mcunet_in1(model_path)
@@ -423,25 +423,21 @@ def memory_task(trainable: list[str], *, batch_size: int, queries: int, model_pa
     y = torch.randint(0, 10, (batch_size,), generator=g)
     fmodel = mcunet_in1_float(model_path, num_classes=10)
     names = float_names(model, fmodel, x[:1])
-    kw = dict(input_shape=(3, 128, 128), batch_size=batch_size, num_queries=queries)
     sparse_f = [names[n] for n in trainable]
-    analytic_bytes = {
-        "head-init": analytic(fmodel, "inference", dtype_bytes=1, **kw).total,
-        "classifier-only": analytic(fmodel, "pmt-sparse", trainable=[names[HEAD]], **kw).total,
-        "pmt-sparse": analytic(fmodel, "pmt-sparse", trainable=sparse_f, **kw).total,
-        "pmt-dense": analytic(fmodel, "pmt", **kw).total,
-        "int8-sparse-bp": analytic(fmodel, "sparse-bp", trainable=sparse_f, **kw).total,
-        "fp32-bp": analytic(fmodel, "bp", **kw).total,
-    }
-    kw1 = dict(kw, batch_size=1)
-    analytic_n1 = {
-        "head-init": analytic(fmodel, "inference", dtype_bytes=1, **kw1).total,
-        "classifier-only": analytic(fmodel, "pmt-sparse", trainable=[names[HEAD]], **kw1).total,
-        "pmt-sparse": analytic(fmodel, "pmt-sparse", trainable=sparse_f, **kw1).total,
-        "pmt-dense": analytic(fmodel, "pmt", **kw1).total,
-        "int8-sparse-bp": analytic(fmodel, "sparse-bp", trainable=sparse_f, **kw1).total,
-        "fp32-bp": analytic(fmodel, "bp", **kw1).total,
-    }
+
+    def analytic_bytes_at(batch: int) -> dict[str, int]:
+        kw = dict(input_shape=(3, 128, 128), batch_size=batch, num_queries=queries)
+        return {
+            "head-init": analytic(fmodel, "inference", dtype_bytes=1, **kw).total,
+            "classifier-only": analytic(fmodel, "pmt-sparse", trainable=[names[HEAD]],
+                                        **kw).total,
+            "pmt-sparse": analytic(fmodel, "pmt-sparse", trainable=sparse_f, **kw).total,
+            "pmt-dense": analytic(fmodel, "pmt", **kw).total,
+            "int8-sparse-bp": analytic(fmodel, "sparse-bp", trainable=sparse_f, **kw).total,
+            "fp32-bp": analytic(fmodel, "bp", **kw).total,
+        }
+
+    analytic_bytes, analytic_n1 = analytic_bytes_at(batch_size), analytic_bytes_at(1)
     measured = {}
     m = measure_pmt_step(copy.deepcopy(model), x, y, queries=queries, synchronized=True,
                          trainable=trainable)

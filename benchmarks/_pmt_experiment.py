@@ -35,11 +35,11 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..harness import accuracy, fit, holdout_split
-from .diagnostic import gradient_cosines
-from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
-from .sparse import select_block, split_blocks
-from .trainer import PMTConfig, PMTTrainer
+from bpfree.harness import accuracy, fit, holdout_split
+from bpfree.pmt.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
+from bpfree.pmt.diagnostic import gradient_cosines
+from bpfree.pmt.sparse import select_block, split_blocks
+from bpfree.pmt.trainer import PMTConfig, PMTTrainer
 
 #: Method keys of Table 7 (``pmt-block-k`` rows are Table 4's fixed selections).
 METHODS = ("no-adaptation", "fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "mezo",

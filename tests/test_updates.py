@@ -1,0 +1,75 @@
+"""Update rules (bpfree.updates): float SGD, PMT's round-and-clip, QZO-FF's fixed point."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bpfree.perturb import Rademacher, get_distribution, list_distributions
+from bpfree.updates import fixed_point_update, qmax, round_and_clip_, saturate, sgd_
+
+
+def test_round_and_clip_rounds_half_to_even_and_saturates_in_the_step_buffer():
+    w = torch.tensor([0, 0, 0, 120, -120, 5], dtype=torch.int8)
+    step = torch.tensor([0.5, 1.5, -2.5, 10.0, -10.0, 0.49], dtype=torch.float64)
+    out = round_and_clip_(step, w, -128, 127)
+    assert out is step  # the gradient buffer becomes the new weights (PMT §3.2.2)
+    assert out.tolist() == [0.0, 2.0, -2.0, 127.0, -128.0, 5.0]
+    with pytest.raises(ValueError, match="low <= high"):
+        round_and_clip_(step, w, 1, 0)
+
+
+def test_sgd_matches_the_formula_with_one_rounding_to_the_parameter_dtype():
+    p = torch.tensor([1.0, -2.0, 3.0])
+    g = torch.tensor([0.1, 0.2, -0.3], dtype=torch.float64)
+    expected = p - (g.to(torch.float32) * 0.5)
+    sgd_(p, g, 0.5)
+    assert torch.equal(p, expected)
+
+
+def test_fixed_point_update_is_multiply_shift_then_symmetric_saturation():
+    # multiplier 2**30 with shift 0 is the real factor 1/2: g = 7 -> round(3.5) = 4.
+    w = torch.tensor([100, -32767, 0], dtype=torch.int32)
+    g = torch.tensor([7, -2**20, 3], dtype=torch.int32)
+    new, step = fixed_point_update(w, g, 2**30, 0, 16)
+    assert step.tolist() == [4, -2**19, 2]
+    assert new.tolist() == [96, qmax(16), -2]  # -32767 + 2**19 saturates
+    assert saturate(torch.tensor([40000, -40000]), 16).tolist() == [qmax(16), -qmax(16)]
+    with pytest.raises(ValueError, match="shape"):
+        fixed_point_update(w, g[:2], 2**30, 0, 16)
+
+
+@pytest.mark.parametrize("alias,generator", [("rademacher_xorshift", "xorshift"),
+                                             ("rademacher_torch", "torch")])
+def test_rademacher_aliases_are_the_one_class_with_a_generator(alias, generator):
+    d = get_distribution(alias)
+    assert d == Rademacher(generator=generator) and alias in list_distributions()
+    assert torch.equal(d.sample(5, (64,)), Rademacher(generator=generator).sample(5, (64,)))
+    # Different generators are different streams of the same law.
+    assert not torch.equal(d.sample(5, (64,)), Rademacher().sample(5, (64,)))
+    with pytest.raises(ValueError, match="unknown argument"):
+        get_distribution(alias, generator="counter")
+
+
+def test_rademacher_refuses_an_unknown_generator_and_xorshift_seed_zero():
+    with pytest.raises(ValueError, match="counter.*xorshift.*torch"):
+        Rademacher(generator="mt19937")
+    with pytest.raises(ValueError):
+        Rademacher(generator="xorshift").sample(0, (3,))
+    assert Rademacher().sample(0, (3,)).abs().eq(1).all()
+
+
+def test_map_transforms_update_their_state_in_place_and_return_the_new_gradients():
+    """The stated contract of bpfree.transforms.base: state changes in place (no second
+    momentum buffer), the returned list is the transformed gradient."""
+    from bpfree.transforms import momentum
+
+    m = momentum(0.5)
+    params = [torch.zeros(3)]
+    state = m.init(params)
+    out1 = m.update([torch.tensor([1.0, 2.0, 4.0])], state, None, params)
+    buf = state["buffers"][0]
+    out2 = m.update([torch.tensor([1.0, 0.0, -4.0])], state, None, params)
+    assert state["buffers"][0] is buf  # same buffer, updated in place
+    assert out1[0].tolist() == [1.5, 1.0, -2.0]  # b_1 = 0.5 * b_0 + g_1, aliasing the buffer
+    assert out2[0].tolist() == [1.5, 1.0, -2.0]
