@@ -88,8 +88,9 @@ def test_stale_temporaries_of_one_file_are_removed(tmp_path):
     stale = tmp_path / f".{target.name}.0123456789ab.tmp"
     other = tmp_path / ".other.safetensors.0123456789ab.tmp"
     mine_not = tmp_path / f".{target.name}.notatoken.tmp"
-    for p in (stale, other, mine_not):
+    probe = tmp_path / f".{target.name}.a0b1c2d3e4f5.probe"  # a kill inside the path check
+    for p in (stale, other, mine_not, probe):
         p.write_bytes(b"partial")
-    assert io.remove_stale_temporaries(target) == [stale]
-    assert not stale.exists() and other.exists() and mine_not.exists()
+    assert io.remove_stale_temporaries(target) == [stale, probe]
+    assert not stale.exists() and not probe.exists() and other.exists() and mine_not.exists()
     assert io.remove_stale_temporaries(Path("/nonexistent-dir/x")) == []

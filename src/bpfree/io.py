@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 _TMP_SUFFIX = ".tmp"
+_PROBE_SUFFIX = ".probe"
 
 
 def _target(path: str | os.PathLike, what: str) -> Path:
@@ -69,7 +70,7 @@ def check_output_path(path: str | os.PathLike, *, what: str = "output") -> Path:
     if not folder.is_dir():
         raise ValueError(f"{what}: cannot write {shown}: {folder} is a file, not a directory")
     try:
-        probe = folder / f".{target.name}.{secrets.token_hex(6)}.probe"
+        probe = folder / f".{target.name}.{secrets.token_hex(6)}{_PROBE_SUFFIX}"
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         probe.unlink()
     except OSError as err:
@@ -97,14 +98,17 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     if not target.parent.is_dir():
         return []
     removed = []
-    for tmp in target.parent.glob(f".{target.name}.*{_TMP_SUFFIX}"):
-        token = tmp.name[len(target.name) + 2:-len(_TMP_SUFFIX)]
-        if len(token) == 12 and all(c in "0123456789abcdef" for c in token):
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                continue  # a read-only folder: loading must still work
-            removed.append(tmp)
+    # The writability probe of check_output_path leaves one too when a kill lands between its
+    # create and its unlink.
+    for suffix in (_TMP_SUFFIX, _PROBE_SUFFIX):
+        for tmp in target.parent.glob(f".{target.name}.*{suffix}"):
+            token = tmp.name[len(target.name) + 2:-len(suffix)]
+            if len(token) == 12 and all(c in "0123456789abcdef" for c in token):
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    continue  # a read-only folder: loading must still work
+                removed.append(tmp)
     return removed
 
 
