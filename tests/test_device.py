@@ -31,6 +31,15 @@ needs_m7 = pytest.mark.skipif(bool(MISSING_M7),
                               reason=f"cortex-m7 toolchain missing: {', '.join(MISSING_M7)}")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The simulator's small convolutions are slower with torch's thread pool on a busy CI box.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ------------------------------------------------------------------------ device-exact arithmetic
 
 def test_log2_fixed_is_floor_of_log2_to_24_bits():
@@ -128,7 +137,7 @@ def test_host_parity_demo_mlp_20_steps(digits, tmp_path):
 def test_host_parity_mlp_weight_perturbation_micro_batches_no_gns_qas(digits, tmp_path):
     trainer = _digits_trainer(digits, micro_batch=8, gns=False, qas=False, perturbation="wp")
     x, y = digits
-    check_parity(trainer, x, y, tmp_path, steps=5, batch_size=24, lr=1e-4)
+    check_parity(trainer, x, y, tmp_path, steps=5, batch_size=24, lr=2000.0)
 
 
 @needs_cc
@@ -195,5 +204,5 @@ def test_cortex_m7_parity_demo_mlp_20_steps(digits, tmp_path):
 
 @needs_m7
 def test_cortex_m7_parity_mnist_cnn_20_steps(tmp_path):
-    trainer, x, y = _cnn_trainer(mnist_cnn)
-    check_parity(trainer, x, y, tmp_path, steps=20, batch_size=8, lr=0.1, target="cortex-m7")
+    trainer, x, y = _cnn_trainer(mnist_cnn, queries=1)
+    check_parity(trainer, x, y, tmp_path, steps=20, batch_size=2, lr=0.1, target="cortex-m7")
