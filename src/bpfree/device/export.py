@@ -135,7 +135,7 @@ libbpfree.so: $(SRC)
 
 def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int | None = None,
              flash_kib: int | None = None, *, sample_shape=None, max_batch: int = 64,
-             max_samples: int = 256) -> DeviceProgram:
+             max_samples: int = 256, model_name: str | None = None) -> DeviceProgram:
     """Write the C99 project of ``trainer`` into ``out_dir`` (which must not exist yet).
 
     Args:
@@ -147,6 +147,7 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
         sample_shape: per-sample input shape (default: from the trainer's first layer probe).
         max_batch: the largest (micro-)batch the arena holds.
         max_samples: the most training samples ``main.c`` reads (its static sample buffer).
+        model_name: a built-in model's name (``bpfree device report`` sizes it analytically).
     """
     _check_export_args(trainer, target, sram_kib, flash_kib, max_batch)
     out = Path(out_dir)
@@ -158,6 +159,7 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
     sources, graph, plan, rows = build_sources(trainer, sample_shape, max_batch)
     meta = {
         "target": target,
+        "model_name": model_name,
         "sram_kib": sram_kib if sram_kib is not None else (1024 if target == "cortex-m7" else None),
         "flash_kib": (flash_kib if flash_kib is not None
                       else (2048 if target == "cortex-m7" else None)),
