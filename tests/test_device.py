@@ -8,6 +8,7 @@ integer loss sum, after K steps on the same batches, seed and rate.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -206,3 +207,81 @@ def test_cortex_m7_parity_demo_mlp_20_steps(digits, tmp_path):
 def test_cortex_m7_parity_mnist_cnn_20_steps(tmp_path):
     trainer, x, y = _cnn_trainer(mnist_cnn, queries=1)
     check_parity(trainer, x, y, tmp_path, steps=20, batch_size=2, lr=0.1, target="cortex-m7")
+
+
+# ------------------------------------------------------------------------------- CLI
+
+@needs_cc
+def test_cli_export_run_report(tmp_path, capsys):
+    from bpfree.cli import main
+
+    out = tmp_path / "prog"
+    assert main(["device", "export", "--model", "digits-mlp", "--out", str(out), "--seed", "3",
+                 "--batch-size", "16"]) == 0
+    assert main(["device", "run", str(out), "--data", "digits", "--steps", "2",
+                 "--batch-size", "16", "--json", str(tmp_path / "run.json")]) == 0
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert len(run["losses"]) == 2 and all(math.isfinite(v) for v in run["losses"])
+    assert main(["device", "report", str(out), "--json", str(tmp_path / "rep.json")]) == 0
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    for key in ("text", "data", "bss", "arena_bytes", "sram_kib", "flash_kib", "analytic_bytes"):
+        assert key in rep
+    assert rep["arena_bytes"] > 0
+    assert rep["analytic_bytes"] > 0
+
+
+def test_cli_errors_name_the_problem(tmp_path, capsys):
+    from bpfree.cli import main
+
+    assert main(["device", "export", "--model", "digits-mlp", "--out", str(tmp_path / "a"),
+                 "--seed", "0"]) == 2
+    assert "seed 0" in capsys.readouterr().err
+    assert main(["device", "export", "--model", "nosuch", "--out", str(tmp_path / "b")]) == 2
+    assert "--model must be one of" in capsys.readouterr().err
+    assert main(["device", "report", str(tmp_path)]) == 2
+    assert "not a device program" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------- MCUNet-in1
+
+def _mcunet():
+    from bpfree.models import mcunet_in1
+
+    try:
+        return mcunet_in1()
+    except (FileNotFoundError, ValueError) as err:
+        pytest.skip(f"MCUNet-in1 model not available: {err}")
+
+
+@needs_m7
+@pytest.mark.slow
+def test_mcunet_in1_logits_on_emulated_cortex_m7_match_classify(tmp_path):
+    from bpfree.classify import classify, sample_image
+    from bpfree.models.mcunet import preprocess_image
+
+    model = _mcunet()
+    image = sample_image("chelsea")
+    x = preprocess_image(image)
+    first = PMTTrainer(model, PMTConfig(seed=1, device_exact=True), example=x).layers[0].name
+    trainer = PMTTrainer(model, PMTConfig(queries=1, seed=1, device_exact=True), example=x,
+                         trainable=[first])
+    program = export_c(trainer, tmp_path / "prog", target="cortex-m7", max_batch=1,
+                       max_samples=1)
+    assert infer_c(program, x)[0].tolist() == classify(image, model)["logits"]
+
+
+@needs_cc
+@pytest.mark.slow
+def test_mcunet_in1_sparse_step_host_parity(tmp_path):
+    from bpfree.pmt.sparse import block, split_blocks
+
+    model = _mcunet()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (2, 3, 128, 128), generator=g).to(torch.int8)
+    y = torch.tensor([281, 967])
+    config = PMTConfig(queries=1, seed=7, device_exact=True)
+    layers = PMTTrainer(model, config, example=x[:1]).layers
+    trainer = PMTTrainer(model, config, example=x[:1],
+                         trainable=block(split_blocks(layers, 4), 4))
+    check_parity(trainer, x, y, tmp_path, steps=1, batch_size=1, lr=0.05)
