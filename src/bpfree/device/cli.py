@@ -9,6 +9,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data import load_digits_split
+from ..data.idx import load_mnist
+from ..io import write_json
+from ..models import digits_mlp, mcunet_in1, mnist_cnn
+from ..pmt import PMTConfig, PMTTrainer
+from ..pmt.sparse import block, split_blocks
+from ..quant import quantize_model
+from .export import DeviceProgram, export_c
+from .report import format_report, program_report
+from .run import run_c
+
 MODELS = ("digits-mlp", "mnist-cnn", "mcunet-in1")
 DATASETS = ("digits", "mnist")
 
@@ -54,23 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _calibration(name: str) -> torch.Tensor:
     if name == "digits-mlp":
-        from ..data import load_digits_split
-
         return torch.tensor(load_digits_split(0)[0][:256])
-    from ..data.idx import load_mnist
-
     images, _ = load_mnist(split="train")
     return torch.tensor(images[:256], dtype=torch.float32).div_(255).unsqueeze(1)
 
 
 def build_model(name: str):
     """(integer model, one example input) for a built-in name or a saved QuantizedModel."""
-    from ..models import digits_mlp, mnist_cnn
-    from ..quant import quantize_model
-
     if name == "mcunet-in1":
-        from ..models import mcunet_in1
-
         return mcunet_in1(), torch.zeros(1, 3, 128, 128, dtype=torch.int8)
     if name in ("digits-mlp", "mnist-cnn"):
         x = _calibration(name)
@@ -90,10 +92,6 @@ def build_model(name: str):
 
 
 def _export(args) -> int:
-    from ..pmt import PMTConfig, PMTTrainer
-    from ..pmt.sparse import block, split_blocks
-    from .export import export_c
-
     model, example = build_model(args.model)
     config = PMTConfig(queries=args.queries, seed=args.seed, device_exact=True)
     trainable = None
@@ -112,13 +110,9 @@ def _export(args) -> int:
 
 def _dataset(name: str, samples: int):
     if name == "digits":
-        from ..data import load_digits_split
-
         x, y, _, _ = load_digits_split(0)
         return torch.tensor(x[:samples]), torch.tensor(y[:samples])
     if name == "mnist":
-        from ..data.idx import load_mnist
-
         images, labels = load_mnist(split="train")
         x = torch.tensor(images[:samples], dtype=torch.float32).div_(255).unsqueeze(1)
         return x, torch.tensor(labels[:samples])
@@ -130,10 +124,6 @@ def _dataset(name: str, samples: int):
 
 
 def _run(args) -> int:
-    from ..io import write_json
-    from .export import DeviceProgram
-    from .run import run_c
-
     program = DeviceProgram.load(args.dir)
     x, y = _dataset(args.data, args.samples)
     result = run_c(program, x, y, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
@@ -148,9 +138,6 @@ def _run(args) -> int:
 
 
 def _main_report(args) -> int:
-    from ..io import write_json
-    from .report import format_report, program_report
-
     report = program_report(args.dir)
     print(format_report(report))
     if args.json:

@@ -29,6 +29,7 @@ from ..pmt.estimate import requant_scale
 from ..pmt.update import quantization_aware_scales
 from .emit import MODEL_H, model_c
 from .lower import Graph, lower
+from .mcu import mcu_sources
 from .plan import ArenaPlan, plan_arena
 
 TARGETS = ("host", "cortex-m7")
@@ -177,8 +178,6 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
     sample_bytes = graph.tensors[0].numel
     sources["Makefile"] = _makefile(sample_bytes, meta["classes"], max_samples)
     if target == "cortex-m7":
-        from .mcu import mcu_sources
-
         sources.update(mcu_sources(meta["sram_kib"], meta["flash_kib"], sample_bytes,
                                    meta["classes"], max_samples))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .result import LOSS_SCALE, DeviceResult, load_weights
+
 TOOLS = {"gcc": "arm-none-eabi-gcc", "size": "arm-none-eabi-size", "qemu": "qemu-system-arm"}
 INSTALL_HINT = ("apt-get install -y gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm "
                 "(or `make device-toolchain`)")
@@ -166,8 +168,6 @@ def qemu(elf: Path, args: list[str], cwd: Path, *, icount: bool = False
 
 def run_emulated(program, xs: np.ndarray, ys: np.ndarray, steps: int, batch_size: int,
                  lr: float):
-    from .run import LOSS_SCALE, DeviceResult, load_weights
-
     if len(xs) > program.meta["max_samples"]:
         raise ValueError(f"the emulated program reads at most {program.meta['max_samples']} "
                          f"samples, got {len(xs)}; export with a larger max_samples")

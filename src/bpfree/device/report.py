@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from ..memory import analytic
+from ..memory.profile import profile_model
+from ..models import digits_mlp, mcunet_in1_float, mnist_cnn
+from ..pmt.mcunet_tables import PAPER
 from .export import DeviceProgram
+from .mcu import build_elf, missing_tools, size_of
 
 
 def _float_mirror(name: str | None):
     """The float model whose layer shapes match a built-in program's integer graph."""
-    from ..models import digits_mlp, mnist_cnn, mcunet_in1_float
-
     return {"digits-mlp": digits_mlp, "mnist-cnn": mnist_cnn,
             "mcunet-in1": lambda: mcunet_in1_float(num_classes=1000)}.get(name, lambda: None)()
 
@@ -25,9 +28,6 @@ def analytic_bytes(program: DeviceProgram) -> int | None:
     """The ``pmt`` rule's training memory (int8, BN folded) for the program's model, batch, Q
     and trainable layers, from the float mirror of a built-in model (None for others: the
     integer graph holds buffers, not parameters, so the profiler cannot size it)."""
-    from ..memory import analytic
-    from ..memory.profile import profile_model
-
     meta = program.meta
     mirror = _float_mirror(meta.get("model_name"))
     if mirror is None:
@@ -49,8 +49,6 @@ def program_report(path) -> dict:
            "trainable": meta["trainable"], "analytic_bytes": analytic_bytes(program),
            "text": None, "data": None, "bss": None, "size_note": None}
     if meta["target"] == "cortex-m7":
-        from .mcu import build_elf, missing_tools, size_of
-
         missing = missing_tools()
         if missing:
             doc["size_note"] = f"toolchain missing: {', '.join(missing)}"
@@ -62,8 +60,6 @@ def program_report(path) -> dict:
     else:
         doc["size_note"] = "text/data/bss are reported for the cortex-m7 target"
     if meta["classes"] == 1000 and tuple(meta["sample_shape"]) == (3, 128, 128):
-        from ..pmt.mcunet_tables import PAPER
-
         doc["paper"] = {k: PAPER[k] for k in ("parameter_kb", "inference_peak_kb",
                                               "bpfree_full_kb")}
     return doc

@@ -10,31 +10,21 @@ modulo ``len(x)``, the same rule as ``main.c`` and :func:`cyclic_batches`.
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import math
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .export import DeviceProgram
+from .mcu import infer_emulated, run_emulated
+from .result import LOSS_SCALE, DeviceResult, load_weights
 
-LOSS_SCALE = 2.0 ** -24
 HOST_CFLAGS = ("-std=c99", "-O2", "-Wall", "-ffp-contract=off", "-fno-fast-math")
-
-
-@dataclass
-class DeviceResult:
-    """Per-step mean losses (float, from the integer sums) and the C-trained model copy."""
-
-    losses: list[float]
-    model: torch.nn.Module
-    loss_sums: list[int] = field(default_factory=list)
-    wall_s: float = 0.0
 
 
 def cyclic_batches(n: int, steps: int, batch_size: int) -> list[np.ndarray]:
@@ -111,32 +101,16 @@ def _check_run_args(program: DeviceProgram, x, y, steps, batch_size, lr) -> None
         raise ValueError(f"labels must lie in [0, {classes - 1}]")
 
 
-def load_weights(program: DeviceProgram, weights: list[tuple[np.ndarray, np.ndarray]]
-                 ) -> torch.nn.Module:
-    """A copy of the program's model with the given (int8 weight, int32 bias) per layer."""
-    model = copy.deepcopy(program.model)
-    modules = dict(model.named_modules())
-    for row, (w, b) in zip(program.meta["trainable"], weights):
-        m = modules[row["name"]]
-        m.weight.copy_(torch.from_numpy(w.reshape(tuple(m.weight.shape))))
-        m.bias.copy_(torch.from_numpy(b))
-    return model
-
-
 def run_c(program, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int,
           lr: float) -> DeviceResult:
     """Run ``steps`` device-exact PMT steps of the exported ``program`` (a directory or a
     :class:`DeviceProgram`) from its exported weights, on cyclic batches of ``(x, y)``."""
-    import time
-
     if not isinstance(program, DeviceProgram):
         program = DeviceProgram.load(program)
     _check_run_args(program, x, y, steps, batch_size, lr)
     xs = _as_int8(program, x)
     ys = np.ascontiguousarray(y.numpy().astype(np.int32))
     if program.target == "cortex-m7":
-        from .mcu import run_emulated
-
         return run_emulated(program, xs, ys, steps, batch_size, float(lr))
     lib = _load(build_host_library(program))
     lib.bpfree_init()
@@ -168,8 +142,6 @@ def infer_c(program, x: torch.Tensor) -> torch.Tensor:
         program = DeviceProgram.load(program)
     xs = _as_int8(program, x)
     if program.target == "cortex-m7":
-        from .mcu import infer_emulated
-
         return infer_emulated(program, xs)
     lib = _load(build_host_library(program))
     lib.bpfree_init()
