@@ -45,6 +45,7 @@ DELEGATED: list[tuple[str, str, str]] = [
     ("memory", "bpfree.memory_cli", "measure and estimate the memory of training methods"),
     ("classify", "bpfree.classify", "name the ImageNet classes of an image with the INT8 MCUNet-in1"),
     ("adapt", "bpfree.tflite.adapt", "adapt a .tflite model to new data without back-propagation"),
+    ("device", "bpfree.device.cli", "export, run and size the PMT training engine as C99"),
 ]
 
 _BENCH_EPILOG = """\

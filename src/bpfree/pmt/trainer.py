@@ -35,6 +35,7 @@ from torch import nn
 
 from ..perturb import derive_seed
 from .estimate import LayerEstimate, estimate_group
+from .exact import LossTables, exact_step
 from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss
 from .update import apply_update
 
@@ -53,6 +54,9 @@ class PMTConfig:
         synchronized: global update (Algorithm 1 line 34) instead of a local one.
         micro_batch: accumulate over micro-batches of this size (None: the whole batch).
         seed: base seed of every perturbation (steps and layers derive theirs from it).
+        device_exact: use the integer loss and fixed-order float64 update of :mod:`.exact`,
+            which the generated C of :mod:`bpfree.device` reproduces bit for bit (needs
+            layer-wise estimation and the synchronized update).
     """
 
     queries: int = 10
@@ -63,6 +67,7 @@ class PMTConfig:
     synchronized: bool = True
     micro_batch: int | None = None
     seed: int = 0
+    device_exact: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.queries, bool) or not isinstance(self.queries, int) or self.queries < 1:
@@ -78,6 +83,12 @@ class PMTConfig:
                              "update changes the weights between micro-batches")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if not isinstance(self.device_exact, bool):
+            raise ValueError(f"device_exact must be a bool, got {self.device_exact!r}")
+        if self.device_exact and not (self.layerwise and self.synchronized):
+            raise ValueError("device_exact=True supports layer-wise estimation with the "
+                             "synchronized update (Algorithm 1); got layerwise="
+                             f"{self.layerwise}, synchronized={self.synchronized}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -133,6 +144,7 @@ class PMTTrainer:
         self.config = config or PMTConfig()
         self.staged = StagedModel(model)
         self.layers = find_layers(model, example)
+        self.sample_shape = tuple(example.shape[1:])
         self.trainable = _select(self.layers, trainable)
         if not self.trainable:
             raise ValueError("no trainable layers selected")
@@ -142,6 +154,8 @@ class PMTTrainer:
                                    else self.config.perturbation) for layer in self.trainable}
         self.steps = 0
         self.forwards = 0
+        self.loss_tables = (LossTables.for_scale(model.output_quant.scale)
+                            if self.config.device_exact else None)
 
     # -----------------------------------------------------------------------------------------
     def _clean(self, xq: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -236,6 +250,10 @@ class PMTTrainer:
         cfg = self.config
         start_forwards = self.forwards
         xq = self.staged.quantize(x)
+        if cfg.device_exact:
+            out = exact_step(self, xq, y, lr)
+            out["forwards"] = self.forwards - start_forwards
+            return out
         n = xq.shape[0]
         size = cfg.micro_batch or n
         total: dict[str, LayerEstimate] = {}

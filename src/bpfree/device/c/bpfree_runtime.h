@@ -1,0 +1,69 @@
+/* bpfree device runtime: int8 kernels (TFLite reference semantics), XORShift32 (PMT App. F)
+ * and the device-exact PMT step (bpfree.pmt.exact). C99, no malloc, libc + libm only.
+ * The model-specific tables live in the generated model.c. */
+#ifndef BPFREE_RUNTIME_H
+#define BPFREE_RUNTIME_H
+#include <stdint.h>
+
+enum { OP_AFFINE = 0, OP_ADD = 1, OP_MAXPOOL = 2, OP_AVGPOOL = 3, OP_GAP = 4, OP_CLAMP = 5,
+       OP_COPY = 6 };
+enum { MODE_WP = 0, MODE_NP = 1 };
+
+/* An int8 tensor in the arena: NCHW, `numel` elements per sample. `off` is where the clean
+ * forward keeps it, `alt` where a perturbed partial forward writes it (differs for tensors the
+ * step must keep: cached stage inputs and NP layer inputs). */
+typedef struct { uint32_t off, alt, numel; int32_t c, h, w; } bpf_tensor;
+
+typedef struct {
+    const int8_t *w_init;  /* flash */
+    int8_t *w;             /* SRAM copy for trainable layers, == w_init otherwise */
+    const int32_t *b_init;
+    int32_t *b;
+    const int32_t *mult, *shift;
+    int32_t cout, cin, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+    int32_t in_zp, out_zp, qmin, qmax;
+    uint32_t np_seed;      /* nonzero: add Rademacher node perturbation (Eq. 9) before clamp */
+} bpf_affine;
+
+typedef struct {
+    int32_t kind, in, in2, out, param, stage;
+    /* pools: kernel, stride, padding; clamp: qmin, qmax; add and gap: multipliers */
+    int32_t kh, kw, sh, sw, ph, pw, qmin, qmax;
+    int32_t a[12];
+} bpf_op;
+
+typedef struct {
+    int32_t op;            /* index of the affine op */
+    int32_t layer_index;   /* index among all integer layers (perturbation seeds) */
+    int32_t mode;          /* MODE_WP / MODE_NP */
+    int32_t d_w, d_a;
+    const double *qas_w, *qas_b, *requant;  /* per output channel (App. B, Eq. 10) */
+    double lr_scale;
+    int64_t *gw, *gb;      /* integer sums of the step (arena) */
+    int64_t directions;
+} bpf_trainable;
+
+typedef struct {
+    int32_t n_ops, n_tensors, n_trainable, max_batch, num_classes;
+    bpf_op *ops;
+    bpf_tensor *tensors;
+    bpf_affine *affine;
+    bpf_trainable *trainable;
+    int32_t *stage_first_op;
+    const int64_t *exp_table, *logit_table;
+    uint64_t seed;
+    int32_t queries, micro_batch, gns, qas;
+    int8_t *arena;
+    int64_t *loss, *loss_q, *node_grad;
+    int8_t *backup;
+    int64_t steps;
+} bpf_model;
+
+uint32_t bpf_derive_seed(uint64_t base, int count, const uint64_t *indices);
+int64_t bpf_fixed_loss(const int8_t *logits, int32_t classes, int32_t label,
+                       const int64_t *exp_table, const int64_t *logit_table);
+void bpf_forward(bpf_model *m, int32_t first_op, int32_t start_tensor, int32_t batch);
+int bpf_step(bpf_model *m, const int8_t *x, const int32_t *y, int32_t n, double lr,
+             int64_t *loss_sum);
+void bpf_reset(bpf_model *m);
+#endif

@@ -1,0 +1,156 @@
+"""``bpfree device export|run|report``: the generated C training engine from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import load_digits_split
+from ..data.idx import load_mnist
+from ..io import write_json
+from ..models import digits_mlp, mcunet_in1, mnist_cnn
+from ..pmt import PMTConfig, PMTTrainer
+from ..pmt.sparse import block, split_blocks
+from ..quant import quantize_model
+from .export import DeviceProgram, export_c
+from .report import format_report, program_report
+from .run import run_c
+
+MODELS = ("digits-mlp", "mnist-cnn", "mcunet-in1")
+DATASETS = ("digits", "mnist")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(title="device commands", metavar="ACTION", dest="action")
+    ex = sub.add_parser("export", help="write the C99 PMT program of a model",
+                        description="Write a self-contained C99 project that trains the model "
+                                    "with PMT (device-exact arithmetic).")
+    ex.add_argument("--model", required=True,
+                    help=f"one of {', '.join(MODELS)}, or the path of a torch-saved "
+                         "QuantizedModel (.pt)")
+    ex.add_argument("--target", default="host", choices=["host", "cortex-m7"],
+                    help="host: system C compiler; cortex-m7: arm-none-eabi + QEMU mps2-an500")
+    ex.add_argument("--out", required=True, help="project directory to create (must not exist)")
+    ex.add_argument("--sparse", action="store_true",
+                    help="train only the last of four blocks (PMT §3.3 sparse update)")
+    ex.add_argument("--seed", type=int, default=1, help="perturbation seed (>= 1)")
+    ex.add_argument("--queries", type=int, default=2, help="queries Q per layer and step")
+    ex.add_argument("--batch-size", type=int, default=8, help="largest batch the arena holds")
+    ex.add_argument("--max-samples", type=int, default=256,
+                    help="most training samples main.c reads")
+    ex.add_argument("--sram-kib", type=int, help="MCU SRAM (cortex-m7; default 1024)")
+    ex.add_argument("--flash-kib", type=int, help="MCU flash (cortex-m7; default 2048)")
+    run = sub.add_parser("run", help="compile if needed and run K PMT steps",
+                         description="Compile the program if needed and run K PMT steps on "
+                                     "cyclic batches of a dataset.")
+    run.add_argument("dir", help="program directory written by `bpfree device export`")
+    run.add_argument("--data", required=True,
+                     help=f"one of {', '.join(DATASETS)}, or an .npz with arrays x and y")
+    run.add_argument("--steps", type=int, default=20, help="PMT steps K")
+    run.add_argument("--batch-size", type=int, default=8, help="mini-batch size")
+    run.add_argument("--lr", type=float, default=0.1, help="learning rate (PMT Eq. 8)")
+    run.add_argument("--samples", type=int, default=256, help="training samples to cycle over")
+    run.add_argument("--json", metavar="OUT", help="write losses and timing as JSON to OUT")
+    rep = sub.add_parser("report", help="sizes, arena plan and analytic memory of a program",
+                         description="Print text/data/bss (cortex-m7), the arena plan per "
+                                     "buffer and the analytic PMT memory of a program.")
+    rep.add_argument("dir", help="program directory")
+    rep.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
+    parser.set_defaults(device_parser=parser)
+
+
+def _calibration(name: str) -> torch.Tensor:
+    if name == "digits-mlp":
+        return torch.tensor(load_digits_split(0)[0][:256])
+    images, _ = load_mnist(split="train")
+    return torch.tensor(images[:256], dtype=torch.float32).div_(255).unsqueeze(1)
+
+
+def build_model(name: str):
+    """(integer model, one example input) for a built-in name or a saved QuantizedModel."""
+    if name == "mcunet-in1":
+        return mcunet_in1(), torch.zeros(1, 3, 128, 128, dtype=torch.int8)
+    if name in ("digits-mlp", "mnist-cnn"):
+        x = _calibration(name)
+        torch.manual_seed(0)
+        builder = digits_mlp if name == "digits-mlp" else mnist_cnn
+        rng = (0.0, 1.0)
+        return quantize_model(builder().eval(), x, input_range=rng), x[:1]
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"--model must be one of {MODELS} or an existing .pt file, got {name!r}")
+    model = torch.load(path, weights_only=False)
+    shape = getattr(model, "sample_shape", None)
+    if shape is None:
+        raise ValueError(f"{path}: a saved model needs a `sample_shape` attribute (per-sample "
+                         "input shape) so the exporter can size the arena")
+    return model, torch.zeros(1, *shape, dtype=torch.int8)
+
+
+def _export(args) -> int:
+    model, example = build_model(args.model)
+    config = PMTConfig(queries=args.queries, seed=args.seed, device_exact=True)
+    trainable = None
+    if args.sparse:
+        probe = PMTTrainer(model, config, example=example)
+        trainable = block(split_blocks(probe.layers, 4), 4)
+    trainer = PMTTrainer(model, config, example=example, trainable=trainable)
+    program = export_c(trainer, args.out, target=args.target, sram_kib=args.sram_kib,
+                       flash_kib=args.flash_kib, max_batch=args.batch_size,
+                       max_samples=args.max_samples,
+                       model_name=args.model if args.model in MODELS else None)
+    print(f"wrote {program.path} ({args.target}, {len(program.meta['trainable'])} trainable "
+          f"layers, arena {program.meta['arena_bytes']} bytes)")
+    return 0
+
+
+def _dataset(name: str, samples: int):
+    if name == "digits":
+        x, y, _, _ = load_digits_split(0)
+        return torch.tensor(x[:samples]), torch.tensor(y[:samples])
+    if name == "mnist":
+        images, labels = load_mnist(split="train")
+        x = torch.tensor(images[:samples], dtype=torch.float32).div_(255).unsqueeze(1)
+        return x, torch.tensor(labels[:samples])
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"--data must be one of {DATASETS} or an .npz file, got {name!r}")
+    with np.load(path) as data:
+        return torch.from_numpy(data["x"][:samples]), torch.from_numpy(data["y"][:samples])
+
+
+def _run(args) -> int:
+    program = DeviceProgram.load(args.dir)
+    x, y = _dataset(args.data, args.samples)
+    result = run_c(program, x, y, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
+    for t, loss in enumerate(result.losses):
+        print(f"step {t + 1:4d}  loss {loss:.6f}")
+    doc = {"program": str(program.path), "target": program.target, "steps": args.steps,
+           "batch_size": args.batch_size, "lr": args.lr, "losses": result.losses,
+           "loss_sums": result.loss_sums, "wall_s": result.wall_s}
+    if args.json:
+        write_json(doc, args.json)
+    return 0
+
+
+def _main_report(args) -> int:
+    report = program_report(args.dir)
+    print(format_report(report))
+    if args.json:
+        write_json(report, args.json)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    action = getattr(args, "action", None)
+    if action is None:
+        args.device_parser.print_help(sys.stderr)
+        return 2
+    return {"export": _export, "run": _run, "report": _main_report}[action](args)
+
+
+__all__ = ["add_arguments", "main"]

@@ -1,0 +1,287 @@
+"""The generated C training engine (bpfree.device) against the device-exact simulator.
+
+Host tests compile with the system C compiler and load the program through ctypes; the
+cortex-m7 tests cross-compile and run under QEMU, and skip naming the missing tool elsewhere.
+Parity is tensor-for-tensor equality of every integer weight and bias, and of every step's
+integer loss sum, after K steps on the same batches, seed and rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bpfree.data import load_digits_split
+from bpfree.device import cyclic_batches, export_c, infer_c, run_c
+from bpfree.device.mcu import missing_tools
+from bpfree.models import digits_mlp, mnist_cnn, mnist_mobilenet
+from bpfree.pmt import PMTConfig, PMTTrainer
+from bpfree.pmt.exact import LOSS_BITS, LossTables, fixed_loss, log2_fixed
+from bpfree.quant import quantize_model
+
+HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+needs_cc = pytest.mark.skipif(not HAS_CC, reason="no C compiler (cc, gcc or clang) on PATH")
+MISSING_M7 = missing_tools()
+needs_m7 = pytest.mark.skipif(bool(MISSING_M7),
+                              reason=f"cortex-m7 toolchain missing: {', '.join(MISSING_M7)}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The simulator's small convolutions are slower with torch's thread pool on a busy CI box.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------ device-exact arithmetic
+
+def test_log2_fixed_is_floor_of_log2_to_24_bits():
+    s = np.array([1, 2, 3, 2**30, 2**30 + 1, 3 * 2**30, 1000 * 2**30, 2**40 - 1], dtype=np.int64)
+    got = log2_fixed(s) / 2**LOSS_BITS
+    want = np.log2(s.astype(np.float64))
+    assert np.all(got <= want + 1e-12)
+    assert np.all(want - got < 2 * 2.0**-LOSS_BITS)
+    assert log2_fixed(np.array([2**30]))[0] == 30 << LOSS_BITS  # powers of two are exact
+
+
+def test_fixed_loss_matches_float_cross_entropy():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(-128, 128, (64, 10), generator=g, dtype=torch.int64).to(torch.int8)
+    y = torch.randint(0, 10, (64,), generator=g)
+    scale = 0.0731
+    got = fixed_loss(logits, y, LossTables.for_scale(scale)) / 2**LOSS_BITS
+    want = F.cross_entropy(logits.double() * scale, y, reduction="none").numpy()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_device_exact_config_refuses_what_it_does_not_implement():
+    with pytest.raises(ValueError, match="synchronized"):
+        PMTConfig(device_exact=True, synchronized=False)
+    with pytest.raises(ValueError, match="layerwise"):
+        PMTConfig(device_exact=True, layerwise=False)
+    with pytest.raises(ValueError, match="device_exact must be a bool"):
+        PMTConfig(device_exact=1)
+
+
+# ------------------------------------------------------------------------------- models
+
+@pytest.fixture(scope="module")
+def digits():
+    xtr, ytr, _, _ = load_digits_split(0)
+    return torch.tensor(xtr[:256]), torch.tensor(ytr[:256])
+
+
+def _digits_trainer(digits, **cfg):
+    x, _ = digits
+    torch.manual_seed(0)
+    qmodel = quantize_model(digits_mlp().eval(), x[:128], input_range=(0.0, 1.0))
+    config = PMTConfig(**{"queries": 4, "seed": 3, "device_exact": True, **cfg})
+    return PMTTrainer(qmodel, config, example=x[:2])
+
+
+def _cnn_trainer(builder, **cfg):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (64,), generator=g)
+    torch.manual_seed(0)
+    qmodel = quantize_model(builder().eval(), x[:16])
+    config = PMTConfig(**{"queries": 2, "seed": 5, "device_exact": True, **cfg})
+    return PMTTrainer(qmodel, config, example=x[:2]), x, y
+
+
+def simulate(trainer, x, y, steps, batch_size, lr):
+    sums = []
+    for idx in cyclic_batches(len(x), steps, batch_size):
+        out = trainer.step(x[idx], y[idx], lr)
+        sums.append(out["loss_fixed"])
+    return sums
+
+
+def assert_same_integers(a: torch.nn.Module, b: torch.nn.Module):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), f"{k} differs"
+
+
+def check_parity(trainer, x, y, tmp_path, *, steps, batch_size, lr, target="host"):
+    program = export_c(trainer, tmp_path / "prog", target=target, max_batch=batch_size)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    result = run_c(program, x, y, steps=steps, batch_size=batch_size, lr=lr)
+    sums = simulate(trainer, x, y, steps, batch_size, lr)
+    assert result.loss_sums == sums
+    assert_same_integers(result.model, trainer.model)
+    changed = sum(int((before[k] != v).sum()) for k, v in trainer.model.state_dict().items())
+    assert changed > 0, "training changed nothing: the parity check would be vacuous"
+    return result
+
+
+# ------------------------------------------------------------------------------- host parity
+
+@needs_cc
+def test_host_parity_demo_mlp_20_steps(digits, tmp_path):
+    trainer = _digits_trainer(digits)
+    x, y = digits
+    result = check_parity(trainer, x, y, tmp_path, steps=20, batch_size=32, lr=0.3)
+    assert all(math.isfinite(v) for v in result.losses)
+
+
+@needs_cc
+def test_host_parity_mlp_weight_perturbation_micro_batches_no_gns_qas(digits, tmp_path):
+    trainer = _digits_trainer(digits, micro_batch=8, gns=False, qas=False, perturbation="wp")
+    x, y = digits
+    check_parity(trainer, x, y, tmp_path, steps=5, batch_size=24, lr=2000.0)
+
+
+@needs_cc
+def test_host_parity_mnist_cnn_20_steps(tmp_path):
+    trainer, x, y = _cnn_trainer(mnist_cnn)
+    check_parity(trainer, x, y, tmp_path, steps=20, batch_size=8, lr=0.1)
+
+
+@needs_cc
+def test_host_parity_mnist_cnn_node_perturbation_of_convs(tmp_path):
+    trainer, x, y = _cnn_trainer(mnist_cnn, perturbation="np")
+    check_parity(trainer, x, y, tmp_path, steps=3, batch_size=4, lr=0.1)
+
+
+@needs_cc
+def test_host_parity_mobilenet_blocks_sparse(tmp_path):
+    trainer, x, y = _cnn_trainer(mnist_mobilenet)
+    names = [l.name for l in trainer.layers]
+    block = [n for n in names if n.startswith("body.3.")]
+    sparse = PMTTrainer(trainer.model, trainer.config, example=x[:2],
+                        trainable=block + [names[-1]])
+    check_parity(sparse, x, y, tmp_path, steps=3, batch_size=4, lr=0.1)
+
+
+@needs_cc
+def test_host_inference_matches_the_integer_model(tmp_path):
+    trainer, x, _ = _cnn_trainer(mnist_mobilenet)
+    program = export_c(trainer, tmp_path / "prog", max_batch=8)
+    xq = trainer.model.input_quant.quantize(x[:20])
+    assert torch.equal(infer_c(program, xq), trainer.model.forward_int(xq))
+
+
+# ------------------------------------------------------------------------------- errors
+
+def test_export_needs_device_exact_and_nonzero_seed(digits, tmp_path):
+    x, _ = digits
+    qmodel = quantize_model(digits_mlp().eval(), x[:64], input_range=(0.0, 1.0))
+    with pytest.raises(ValueError, match="device_exact=True"):
+        export_c(PMTTrainer(qmodel, PMTConfig(seed=3), example=x[:2]), tmp_path / "a")
+    with pytest.raises(ValueError, match="seed 0"):
+        export_c(PMTTrainer(qmodel, PMTConfig(device_exact=True), example=x[:2]), tmp_path / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_refuses_an_existing_directory_and_unsupported_layers(digits, tmp_path):
+    trainer = _digits_trainer(digits)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValueError, match="already exists"):
+        export_c(trainer, tmp_path / "taken")
+    trainer.model.body.append(torch.nn.Sigmoid())
+    with pytest.raises(ValueError, match="Sigmoid.*not supported"):
+        export_c(trainer, tmp_path / "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+# ------------------------------------------------------------------------------- cortex-m7
+
+@needs_m7
+def test_cortex_m7_parity_demo_mlp_20_steps(digits, tmp_path):
+    trainer = _digits_trainer(digits)
+    x, y = digits
+    check_parity(trainer, x, y, tmp_path, steps=20, batch_size=32, lr=0.3, target="cortex-m7")
+
+
+@needs_m7
+def test_cortex_m7_parity_mnist_cnn_20_steps(tmp_path):
+    trainer, x, y = _cnn_trainer(mnist_cnn, queries=1)
+    check_parity(trainer, x, y, tmp_path, steps=20, batch_size=2, lr=0.1, target="cortex-m7")
+
+
+# ------------------------------------------------------------------------------- CLI
+
+@needs_cc
+def test_cli_export_run_report(tmp_path, capsys):
+    from bpfree.cli import main
+
+    out = tmp_path / "prog"
+    assert main(["device", "export", "--model", "digits-mlp", "--out", str(out), "--seed", "3",
+                 "--batch-size", "16"]) == 0
+    assert main(["device", "run", str(out), "--data", "digits", "--steps", "2",
+                 "--batch-size", "16", "--json", str(tmp_path / "run.json")]) == 0
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert len(run["losses"]) == 2 and all(math.isfinite(v) for v in run["losses"])
+    assert main(["device", "report", str(out), "--json", str(tmp_path / "rep.json")]) == 0
+    rep = json.loads((tmp_path / "rep.json").read_text())
+    for key in ("text", "data", "bss", "arena_bytes", "sram_kib", "flash_kib", "analytic_bytes"):
+        assert key in rep
+    assert rep["arena_bytes"] > 0
+    assert rep["analytic_bytes"] > 0
+
+
+def test_cli_errors_name_the_problem(tmp_path, capsys):
+    from bpfree.cli import main
+
+    assert main(["device", "export", "--model", "digits-mlp", "--out", str(tmp_path / "a"),
+                 "--seed", "0"]) == 2
+    assert "seed 0" in capsys.readouterr().err
+    assert main(["device", "export", "--model", "nosuch", "--out", str(tmp_path / "b")]) == 2
+    assert "--model must be one of" in capsys.readouterr().err
+    assert main(["device", "report", str(tmp_path)]) == 2
+    assert "not a device program" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------- MCUNet-in1
+
+def _mcunet():
+    from bpfree.models import mcunet_in1
+
+    try:
+        return mcunet_in1()
+    except (FileNotFoundError, ValueError) as err:
+        pytest.skip(f"MCUNet-in1 model not available: {err}")
+
+
+@needs_m7
+@pytest.mark.slow
+def test_mcunet_in1_logits_on_emulated_cortex_m7_match_classify(tmp_path):
+    from bpfree.classify import classify, sample_image
+    from bpfree.models.mcunet import preprocess_image
+
+    model = _mcunet()
+    image = sample_image("chelsea")
+    x = preprocess_image(image)
+    first = PMTTrainer(model, PMTConfig(seed=1, device_exact=True), example=x).layers[0].name
+    trainer = PMTTrainer(model, PMTConfig(queries=1, seed=1, device_exact=True), example=x,
+                         trainable=[first])
+    program = export_c(trainer, tmp_path / "prog", target="cortex-m7", max_batch=1,
+                       max_samples=1)
+    assert infer_c(program, x)[0].tolist() == classify(image, model)["logits"]
+
+
+@needs_cc
+@pytest.mark.slow
+def test_mcunet_in1_sparse_step_host_parity(tmp_path):
+    from bpfree.pmt.sparse import block, split_blocks
+
+    model = _mcunet()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (2, 3, 128, 128), generator=g).to(torch.int8)
+    y = torch.tensor([281, 967])
+    config = PMTConfig(queries=1, seed=7, device_exact=True)
+    layers = PMTTrainer(model, config, example=x[:1]).layers
+    trainer = PMTTrainer(model, config, example=x[:1],
+                         trainable=block(split_blocks(layers, 4), 4))
+    check_parity(trainer, x, y, tmp_path, steps=1, batch_size=1, lr=0.05)
