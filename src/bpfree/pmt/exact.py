@@ -34,9 +34,10 @@ import torch
 
 from ..perturb import derive_seed, rademacher_xorshift
 from ..quant.layers import QConv2d
+from ..transforms.scaling import gradient_norm_factor
 from .estimate import requant_scale
 from .graph import StagedModel, TrainableLayer
-from .update import INT32_MAX, INT32_MIN, gradient_norm_scale, quantization_aware_scales
+from .update import INT32_MAX, INT32_MIN, quantization_aware_scales
 
 #: Fractional bits of the fixed-point loss (2**-24 nats resolves a one-LSB perturbation).
 LOSS_BITS = 24
@@ -180,7 +181,7 @@ def estimate_layer(staged: StagedModel, layer: TrainableLayer, mode: str, index:
 def update_coefficients(module, est: ExactEstimate, lr: float, samples: int, queries: int, *,
                         gns: bool, qas: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel float64 multipliers (weights, bias) of the integer sums, in the C's order."""
-    step = lr * (gradient_norm_scale(est.directions, est.dimension) if gns else 1.0)
+    step = lr * (gradient_norm_factor(est.directions, est.dimension) if gns else 1.0)
     channels = module.weight.shape[0]
     if qas:
         qw, qb = (t.numpy() for t in quantization_aware_scales(module))
