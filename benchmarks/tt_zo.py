@@ -184,13 +184,16 @@ def _search_tasks(tasks: dict, fraction: float) -> dict:
 
 
 def _pick_lrs(search: dict) -> dict:
-    """(network, method) -> the candidate lr with the best validation accuracy (ties: smaller)."""
+    """(network, method) -> the candidate lr with the best validation accuracy.
+
+    Ties and diverged candidates (no finite accuracy) keep the smaller lr.
+    """
     best: dict = {}
     for key, res in sorted(search.items(), key=lambda kv: kv[0][2]):
-        run = key[:2]
-        score = _best(res)
-        if run not in best or (math.isfinite(score) and not score <= best[run][0]):
-            best[run] = (score if math.isfinite(score) else -1.0, res["task"]["lr"])
+        run, score = key[:2], _best(res)
+        score = score if math.isfinite(score) else -math.inf
+        if run not in best or score > best[run][0]:
+            best[run] = (score, res["task"]["lr"])
     return {run: lr for run, (_, lr) in best.items()}
 
 

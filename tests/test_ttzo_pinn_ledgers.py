@@ -114,6 +114,9 @@ def test_ttzo_lr_search_gives_every_run_the_same_candidates_and_picks_the_best()
     tie = {("tt6", "fo", f): {"log": {"val_acc": [70.0]}, "task": {"lr": 0.1 * f}}
            for f in tt_zo.LR_FACTORS}
     assert tt_zo._pick_lrs(tie)[("tt6", "fo")] == pytest.approx(0.1 / 3)
+    diverged = {("tt6", "fo", f): {"log": {"val_acc": [float("nan")]}, "task": {"lr": 0.1 * f}}
+                for f in tt_zo.LR_FACTORS}
+    assert tt_zo._pick_lrs(diverged)[("tt6", "fo")] == pytest.approx(0.1 / 3)
 
 
 def test_ttzo_seeded_tasks_cover_every_seed_with_the_chosen_lr():
