@@ -16,7 +16,7 @@ from bpfree.ttzo.experiment import (DENSE_PARAMS, compression_ratio, make_method
                                     run_task)
 
 MNIST_FILES = mnist_files("train") + mnist_files("test")
-TINY = dict(n_train=256, n_val=128, epochs=2, max_steps_per_epoch=2, batch_size=32)
+TINY = dict(n_train=256, n_val=128, n_test=128, epochs=2, max_steps_per_epoch=2, batch_size=32)
 
 
 def test_paper_parameter_counts():
@@ -98,7 +98,7 @@ def test_full_mode_keeps_the_paper_learning_rate():
     quick = mod._tasks(mod._settings(True), "cpu")
     assert quick[("tt6", "fo")]["lr"] == mod.QUICK_LR["fo"] > 1e-3
     # full mode: the paper's mu (the trainers' defaults 0.1 / CGE 0.01) and one lr for the
-    # hybrid; quick mode: the pilot-chosen radius and CGE step scale
+    # hybrid; quick mode: the fixed radius and CGE step scale
     for t in full.values():
         assert "mu" not in t.get("method_kwargs", {}) and "cge_lr_scale" not in \
             t.get("method_kwargs", {})

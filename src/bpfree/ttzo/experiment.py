@@ -39,28 +39,38 @@ def compression_ratio(params: int) -> float:
     return params / DENSE_PARAMS
 
 
-def load_data(n_train: int | None, n_val: int | None, root=None):
-    """``(x_train, y_train, x_val, y_val)``: flattened float images in [0, 1], cached per process.
+def load_data(n_train: int | None, n_val: int | None, root=None, n_test: int | None = None):
+    """``(x_train, y_train, x_val, y_val, x_test, y_test)``: flattened images in [0, 1].
 
-    Training images are the first ``n_train`` of MNIST's training split; validation images the
-    first ``n_val`` of its test split (the paper reports "validation accuracy" on MNIST's test
-    set). ``None`` takes the whole split.
+    The validation images are the *last* ``n_val`` images of MNIST's training split, held out
+    from training (hyper-parameters and the hybrid's stall test see only them); the training
+    images are the first ``n_train`` of the rest; the test images the first ``n_test`` of
+    MNIST's test split, touched only for the reported accuracy. ``None`` for ``n_train`` or
+    ``n_test`` takes all that is left; ``n_val`` must be given (a positive count). Cached per
+    process.
     """
-    key = (n_train, n_val, None if root is None else str(root))
+    if n_val is None or int(n_val) < 1:
+        raise ValueError(f"n_val must be a positive number of held-out training images, "
+                         f"got {n_val!r}")
+    key = (n_train, n_val, n_test, None if root is None else str(root))
     if key not in _DATA:
         from ..data import load_mnist
 
         xtr, ytr = load_mnist(root, split="train")
         xte, yte = load_mnist(root, split="test")
-        xtr, ytr = xtr[:n_train], ytr[:n_train]
-        xte, yte = xte[:n_val], yte[:n_val]
+        if int(n_val) >= len(xtr):
+            raise ValueError(f"n_val={n_val} leaves no training images (MNIST train has "
+                             f"{len(xtr)})")
+        xva, yva = xtr[len(xtr) - int(n_val):], ytr[len(ytr) - int(n_val):]
+        xtr, ytr = xtr[:len(xtr) - int(n_val)][:n_train], ytr[:len(ytr) - int(n_val)][:n_train]
+        xte, yte = xte[:n_test], yte[:n_test]
 
         def flat(a):
             return torch.from_numpy(a).float().div_(255.0).reshape(a.shape[0], -1)
 
         _DATA.clear()
-        _DATA[key] = (flat(xtr), torch.from_numpy(ytr).long(), flat(xte),
-                      torch.from_numpy(yte).long())
+        _DATA[key] = (flat(xtr), torch.from_numpy(ytr).long(), flat(xva),
+                      torch.from_numpy(yva).long(), flat(xte), torch.from_numpy(yte).long())
     return _DATA[key]
 
 
@@ -117,17 +127,19 @@ def run_task(task: dict) -> dict:
     """Process-pool entry point: train one (model, method) pair; returns a plain dict.
 
     Keys of ``task``: ``model``, ``method`` (required); ``rank``, ``sp_params``, ``seed``,
-    ``method_kwargs``, ``n_train``, ``n_val``, ``data_root``, ``epochs``, ``batch_size``,
+    ``method_kwargs``, ``n_train``, ``n_val`` (required), ``n_test``, ``data_root``, ``epochs``, ``batch_size``,
     ``lr``, ``gamma``, ``decay_every``, ``max_steps_per_epoch``, ``threads`` (default 1),
     ``device`` (default ``"cpu"``).
     """
     from .train import train
+    from ..harness import accuracy
     from ..tt import tt_mlp_num_parameters
 
     torch.set_num_threads(int(task.get("threads", 1)))
     seed = int(task.get("seed", 0))
     device = torch.device(task.get("device", "cpu"))
-    x, y, xv, yv = load_data(task.get("n_train"), task.get("n_val"), task.get("data_root"))
+    x, y, xv, yv, xt, yt = load_data(task.get("n_train"), task.get("n_val"),
+                                     task.get("data_root"), task.get("n_test"))
     prune = None
     if task["model"] == "sp":
         g = torch.Generator().manual_seed(seed)
@@ -144,7 +156,10 @@ def run_task(task: dict) -> dict:
                 x_val=xv.to(device), y_val=yv.to(device), seed=seed,
                 max_steps_per_epoch=task.get("max_steps_per_epoch"), on_nonfinite="stop")
     seconds = time.perf_counter() - t0
+    # the untouched test split, once, on the final model (selection used validation only)
+    test_acc = accuracy(method.model, xt.to(device), yt.to(device))
     out = {"log": log.as_dict(), "params": int(params), "seconds": seconds,
+           "test_acc": float(test_acc),
            "steps": int(getattr(method, "steps", 0)),
            "forwards": int(method.forwards),
            "batch_forwards": getattr(method, "batch_forwards", None),

@@ -1,0 +1,223 @@
+"""The claim-ledger rules of benchmarks/tt_zo.py and benchmarks/pinn.py: each verdict follows
+the rows it is given (holds=False where the claim fails), and the search / split helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from bpfree.bench.claims import validate_claims
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tt_zo = _load("tt_zo")
+pinn = _load("pinn")
+
+
+def _by_id(claims):
+    validate_claims(claims)
+    return {c["id"]: c for c in claims}
+
+
+# ---- TT-ZO -------------------------------------------------------------------------------
+
+def _ttzo_acc():
+    """Per-seed test accuracies shaped like the paper's Tables 1-3 (every claim holds)."""
+    paper = {("tt6", "fo"): 97.2, ("tt6", "hybrid"): 96.6, ("tt6", "sign_rge"): 88.5,
+             ("tt6", "rge"): 87.7, ("tt10", "fo"): 97.3, ("tt10", "hybrid"): 96.8,
+             ("tt10", "rge"): 85.1, ("tt10", "sign_rge"): 87.9, ("tt4", "fo"): 96.5,
+             ("tt4", "hybrid"): 95.8, ("tt4", "rge"): 89.7, ("tt4", "sign_rge"): 89.0,
+             ("small-mlp", "hybrid"): 86.5, ("small-mlp", "sign_rge"): 61.5,
+             ("sp", "hybrid"): 92.2, ("sp", "sign_rge"): 83.4, ("mlp", "hybrid"): 83.6,
+             ("mlp", "fg-w"): 91.4}
+    return {k: [v - 0.1, v, v + 0.1] for k, v in paper.items()}
+
+
+def _queries(sign=(3e5, 3.2e5, 3.4e5), cge=(1e7, 1.1e7, 1.2e7), budgets=(1e6, 2e7)):
+    return {"sign_rge": {"reached": list(sign), "budget": [budgets[0]] * len(sign)},
+            "cge": {"reached": list(cge), "budget": [budgets[1]] * len(cge)}}
+
+
+def test_ttzo_ledger_holds_on_the_papers_numbers():
+    claims = _by_id(tt_zo.ledger(_ttzo_acc(), _queries()))
+    assert {c["holds"] for c in claims.values()} == {True}
+    assert "3 seeds" in claims["ttzo-t1-hybrid-near-fo"]["ours"]
+
+
+@pytest.mark.parametrize("overrides, failing", [
+    ({("tt6", "fo"): 99.0}, {"ttzo-t1-hybrid-near-fo", "ttzo-t2-hybrid-near-fo-every-rank"}),
+    ({("sp", "sign_rge"): 93.0}, "ttzo-t1-hybrid-beats-signrge"),
+    ({("small-mlp", "hybrid"): 97.0}, "ttzo-t1-tt-beats-small-mlp"),
+    ({("sp", "hybrid"): 96.9}, "ttzo-t1-tt-beats-sp"),
+    # the reversed trend of the quick run: more compression, worse RGE
+    ({("tt10", "rge"): 56.0, ("tt6", "rge"): 44.2, ("tt4", "rge"): 26.1},
+     "ttzo-t2-rge-compression-trend"),
+    ({("tt4", "hybrid"): 90.0}, "ttzo-t2-hybrid-near-fo-every-rank"),
+    ({("mlp", "hybrid"): 97.0}, "ttzo-t3-tt-hzo-beats-dense-hzo"),
+    ({("mlp", "fg-w"): 97.0}, "ttzo-t3-tt-hzo-beats-fg-w"),
+])
+def test_ttzo_ledger_fails_the_claim_its_rows_break(overrides, failing):
+    acc = _ttzo_acc()
+    acc.update({k: [v - 0.1, v, v + 0.1] for k, v in overrides.items()})
+    claims = _by_id(tt_zo.ledger(acc, _queries()))
+    failing = {failing} if isinstance(failing, str) else failing
+    assert {i for i, c in claims.items() if c["holds"] is False} == failing
+    assert all(c["holds"] is True for i, c in claims.items() if i not in failing)
+
+
+def test_ttzo_query_claim_not_measured_fails_and_lower_bound():
+    fig1 = "ttzo-fig1-signrge-fewer-queries"
+    # signRGE never reaches 85 %: nothing measured
+    claims = _by_id(tt_zo.ledger(_ttzo_acc(), _queries(sign=(None, 3e5, 3e5))))
+    assert claims[fig1]["holds"] is None and "not reached" in claims[fig1]["note"]
+    # CGE needs fewer queries than signRGE: fails
+    claims = _by_id(tt_zo.ledger(_ttzo_acc(), _queries(sign=(2e6,) * 3, cge=(1e6,) * 3)))
+    assert claims[fig1]["holds"] is False
+    # CGE never reaches 85 % although it ran more queries than signRGE needed: holds
+    claims = _by_id(tt_zo.ledger(_ttzo_acc(), _queries(cge=(None,) * 3, budgets=(1e6, 5e6))))
+    assert claims[fig1]["holds"] is True
+    # ... but a CGE budget below signRGE's cost decides nothing
+    claims = _by_id(tt_zo.ledger(_ttzo_acc(), _queries(cge=(None,) * 3, budgets=(1e6, 1e5))))
+    assert claims[fig1]["holds"] is None
+
+
+def test_ttzo_below_budget_is_said_in_every_note():
+    claims = tt_zo.ledger(_ttzo_acc(), _queries(), below="Below the paper's budget: x.")
+    assert all("Below the paper's budget" in c["note"] for c in claims)
+
+
+def test_ttzo_lr_search_gives_every_run_the_same_candidates_and_picks_the_best():
+    cfg = tt_zo._settings(quick=True)
+    tasks = tt_zo._tasks(cfg, "cpu")
+    search = tt_zo._search_tasks(tasks, cfg["search_fraction"])
+    assert len(search) == len(tt_zo.LR_FACTORS) * len(tasks)
+    for key, task in tasks.items():
+        lrs = sorted(search[key + (f,)]["lr"] for f in tt_zo.LR_FACTORS)
+        assert lrs == pytest.approx(sorted(task["lr"] * f for f in tt_zo.LR_FACTORS))
+        assert all(search[key + (f,)]["epochs"] < task["epochs"] or task["epochs"] == 1
+                   for f in tt_zo.LR_FACTORS)
+    fake = {("tt6", "fo", f): {"log": {"val_acc": [acc]}, "task": {"lr": 0.1 * f}}
+            for f, acc in zip(tt_zo.LR_FACTORS, (50.0, 80.0, float("nan")))}
+    assert tt_zo._pick_lrs(fake) == {("tt6", "fo"): pytest.approx(0.1)}
+    # a tie keeps the smaller lr
+    tie = {("tt6", "fo", f): {"log": {"val_acc": [70.0]}, "task": {"lr": 0.1 * f}}
+           for f in tt_zo.LR_FACTORS}
+    assert tt_zo._pick_lrs(tie)[("tt6", "fo")] == pytest.approx(0.1 / 3)
+    diverged = {("tt6", "fo", f): {"log": {"val_acc": [float("nan")]}, "task": {"lr": 0.1 * f}}
+                for f in tt_zo.LR_FACTORS}
+    assert tt_zo._pick_lrs(diverged)[("tt6", "fo")] == pytest.approx(0.1 / 3)
+
+
+def test_ttzo_seeded_tasks_cover_every_seed_with_the_chosen_lr():
+    cfg = tt_zo._settings(quick=True)
+    seeded = tt_zo._seeded(cfg, "cpu", {("tt6", "fo"): 0.123})
+    assert {k[2] for k in seeded} == set(tt_zo.SEEDS) and len(tt_zo.SEEDS) >= 3
+    assert all(seeded[("tt6", "fo", s)]["lr"] == 0.123 and seeded[("tt6", "fo", s)]["seed"] == s
+               for s in tt_zo.SEEDS)
+
+
+def test_spread_and_mean_std():
+    mean, std = tt_zo._mean_std([1.0, 2.0, 3.0])
+    assert (mean, std) == (2.0, 1.0)
+    assert tt_zo._spread([1.0, 2.0, 3.0]) == "2.0 ± 1.0 (1.0-3.0, 3 seeds)"
+
+
+def test_rge_cosine_is_near_one_for_a_one_parameter_model():
+    """With d = 1 every Gaussian direction is parallel to the gradient: cosine exactly ±1 in
+    the limit mu -> 0, and +1 after averaging N directions (u * u > 0)."""
+    import torch
+
+    model = torch.nn.Linear(1, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.3], [-0.2]]))
+    model.weight.requires_grad_(True)
+    x, y = torch.ones(4, 1), torch.zeros(4, dtype=torch.long)
+    # two parameters: the cosine is in (0, 1] and far below 1 only if the estimate is wrong
+    cos = tt_zo.rge_cosine(model, x, y, mu=1e-4, queries=200, draws=2)
+    assert 0.9 < cos <= 1.0 + 1e-6
+
+
+def test_ttzo_load_data_holds_validation_out_of_training():
+    from bpfree.ttzo.experiment import load_data
+
+    with pytest.raises(ValueError, match="n_val"):
+        load_data(100, None)
+    try:
+        x, y, xv, yv, xt, yt = load_data(100, 50, n_test=20)
+    except FileNotFoundError:
+        pytest.skip("MNIST not available")
+    assert (len(x), len(xv), len(xt)) == (100, 50, 20)
+    from bpfree.data import load_mnist
+
+    xtr, _ = load_mnist(None, split="train")
+    last = xtr[-50:].reshape(50, -1)
+    assert (xv * 255).round().to(int).numpy().tolist() == last.astype(int).tolist()
+
+
+# ---- PINN -------------------------------------------------------------------------------
+
+def _pinn_mse():
+    """Per-seed test MSEs shaped like the paper's Tables 4-6 (every claim holds)."""
+    base = {("FO", "TT-3", "AD"): 4.28e-5, ("FO", "TT-3", "FD"): 4.9e-5,
+            ("FO", "TT-3", "SE"): 2.28e-4, ("FO", "TT-3", "SG"): 7.14e-5,
+            ("ZO", "TT-3", "FD"): 3.79e-4, ("ZO", "TT-3", "SE"): 4.35e-4,
+            ("ZO", "TT-3", "SG"): 4.79e-5,
+            ("FO", "FC-3 78", "AD"): 1.52e-2, ("ZO", "FC-3 78", "SG"): 4.35e-2,
+            ("FO", "FC-2 320", "AD"): 6.55e-4, ("ZO", "FC-2 320", "SG"): 1.0e-2,
+            ("FO", "SP-3", "AD"): 1.54e-9, ("ZO", "SP-3", "SG"): 6.29e-5}
+    return {k: [v / 2, v, v * 2] for k, v in base.items()}
+
+
+def test_pinn_geometric_mean():
+    assert pinn._gmean([1e-2, 1e-4]) == pytest.approx(1e-3)
+    assert math.isclose(pinn._gmean([3.0, 3.0, 3.0]), 3.0)
+
+
+def test_pinn_ledger_holds_on_the_papers_numbers():
+    claims = _by_id(pinn.ledger(_pinn_mse()))
+    assert {c["holds"] for c in claims.values()} == {True}
+
+
+@pytest.mark.parametrize("overrides, failing", [
+    ({("FO", "TT-3", "SG"): 3e-4}, {"pinn-t4-fo-sg-beats-se"}),
+    # the quick run's 1.2x margin: SG still best, margin fails
+    ({("ZO", "TT-3", "SG"): 3.1e-4}, {"pinn-t5-zo-sg-margin", "pinn-t5-zo-near-fo",
+                                      "pinn-t6-tt-best-zo"}),
+    ({("ZO", "TT-3", "SG"): 4e-4}, {"pinn-t5-zo-sg-best", "pinn-t5-zo-sg-margin",
+                                    "pinn-t5-zo-near-fo", "pinn-t6-tt-best-zo"}),
+    ({("ZO", "SP-3", "SG"): 1e-5}, {"pinn-t6-tt-best-zo"}),
+    ({("ZO", "FC-2 320", "SG"): 1e-4}, {"pinn-t6-tt-beats-fc-zo"}),
+    # the quick run's SP-3: worst under FO
+    ({("FO", "SP-3", "AD"): 2e-4}, {"pinn-t6-sp-best-fo"}),
+])
+def test_pinn_ledger_fails_the_claims_its_rows_break(overrides, failing):
+    mse = _pinn_mse()
+    mse.update({k: [v / 2, v, v * 2] for k, v in overrides.items()})
+    claims = _by_id(pinn.ledger(mse))
+    assert {i for i, c in claims.items() if c["holds"] is False} == failing
+    assert all(c["holds"] is True for i, c in claims.items() if i not in failing)
+
+
+def test_pinn_derivative_errors_are_small_for_fd_on_a_smooth_network():
+    import torch
+
+    from bpfree.pinn import HJB, tt_sine_mlp
+
+    problem = HJB(20)
+    net = tt_sine_mlp(21, 16, rank=2, seed=0)
+    points = problem.sample(8, 0, generator=torch.Generator().manual_seed(0)).interior
+    errors = pinn.derivative_errors(net, problem, points)
+    assert set(errors) == {"FD", "SE", "SG"}
+    assert errors["FD"]["gradient"] < 1e-2      # central differences at h = 0.01: O(h^2)
+    assert all(e["laplacian"] >= 0 for e in errors.values())
