@@ -101,7 +101,9 @@ def data_parallel(workers: int, options: FleetOptions, *, timeout_s: float) -> d
         doc["wp_bytes_per_layer_per_query"] = (
             r0["bytes_by_kind"]["wp"] / (r0["wp_layers"] * options.queries)
             if r0["wp_layers"] else None)
-        doc["np_bytes_per_step"] = r0["bytes_by_kind"]["np"]
+        doc["measured_bytes_per_step_by_collective"] = r0["measured_bytes_per_step_by_collective"]
+        doc["np_bytes_per_step"] = r0["measured_bytes_per_step_by_collective"].get(
+            "NP gradient sums", 0.0)
         doc["np_bp_bytes_per_step"] = 4 * r0["np_dense_values"]
         doc["pmt_trainer_sha256"] = pmt_trainer_digest(setup, options)
         doc["equal_to_pmt_trainer"] = set(digests) == {doc["pmt_trainer_sha256"]}

@@ -33,9 +33,12 @@ class SingleProcess:
     def __init__(self) -> None:
         self.bytes_reduced = 0
         self.collectives = 0
+        self.bytes_by_what: dict[str, int] = {}
 
     def all_reduce(self, tensor: torch.Tensor, what: str = "scalars") -> torch.Tensor:
-        self.bytes_reduced += tensor.numel() * tensor.element_size()
+        size = tensor.numel() * tensor.element_size()
+        self.bytes_reduced += size
+        self.bytes_by_what[what] = self.bytes_by_what.get(what, 0) + size
         self.collectives += 1
         return tensor
 
@@ -57,7 +60,7 @@ class Communicator(SingleProcess):
 
     def all_reduce(self, tensor: torch.Tensor, what: str = "scalars") -> torch.Tensor:
         """Sum ``tensor`` over all workers, in place; every rank receives the same bytes."""
-        super().all_reduce(tensor)
+        super().all_reduce(tensor, what)
         try:
             self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM)
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError subclasses

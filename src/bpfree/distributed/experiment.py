@@ -151,6 +151,8 @@ def train(setup: dict, options: FleetOptions, comm=None) -> dict:
            "seconds": seconds, "seconds_per_step": seconds / max(steps, 1)}
     if options.method == "pmt":
         out["bytes_by_kind"] = method.bytes_per_step()
+        out["measured_bytes_per_step_by_collective"] = {
+            what: b / max(steps, 1) for what, b in comm.bytes_by_what.items()}
         out["modes"] = {name: mode.upper() for name, mode in method.trainer.modes.items()}
         out["wp_layers"], out["np_layers"] = len(method.wp), len(method.np)
         out["np_dense_values"] = sum(l.d_w + l.module.bias.numel() for l in method.np)

@@ -39,9 +39,11 @@ def _worker(rank: int, world: int, port: int, folder: str, options: dict,
     out = _result_path(folder, rank)
     comm = None
     try:
+        # Load before joining: the rendezvous shares the collectives' timeout, so the slow
+        # part of start-up must not sit between one worker's join and the other's.
+        setup = torch.load(Path(folder) / "setup.pt", weights_only=False)
         comm = init_group(rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
                           timeout_s=timeout_s, backend="gloo")
-        setup = torch.load(Path(folder) / "setup.pt", weights_only=False)
         result = train(setup, FleetOptions(**options), comm)
         out.write_text(json.dumps({"ok": True, **result}))
     except BaseException as exc:  # report every failure to the parent, then exit non-zero
@@ -64,6 +66,8 @@ def launch(workers: int, options: FleetOptions, setup: dict, *,
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
         raise ValueError(f"workers must be an integer in [1, 64] on one machine, got {workers!r}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < 86400):
+        raise ValueError(f"timeout must be a number of seconds in (0, 86400), got {timeout_s!r}")
     ctx = mp.get_context("spawn")
     with TemporaryDirectory(prefix="bpfree-fleet-") as folder:
         torch.save(setup, Path(folder) / "setup.pt")

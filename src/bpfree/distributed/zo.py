@@ -13,8 +13,8 @@ the step counter. :class:`DataParallelZO` runs the estimator twice per step:
    the whole batch's losses without another forward pass.
 
 Exactness: every rank receives the same reduced bytes, so workers stay bit-identical to one
-another. The reduction is order-fixed for a fixed W (gloo's ring sums each chunk in a fixed
-rank order), and with W = 1 the step is bit-identical to a plain ``ZOOptimizer.step`` (a
+another. The reduction is order-fixed for a fixed W and payload (gloo's algorithm is
+deterministic), and with W = 1 the step is bit-identical to a plain ``ZOOptimizer.step`` (a
 float32 loss times n and divided by n is exact in float64). For W > 1 the whole-batch mean
 is re-associated (``sum_w n_w L_w / N`` against the model's own mean over N), so one process
 over the whole batch agrees only to float rounding.
