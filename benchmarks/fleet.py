@@ -8,7 +8,6 @@ gradient buckets for BP on the same (float) model.
 
 import copy
 
-import torch
 
 from bpfree.bench.claims import claim
 from bpfree.distributed.cli import single_process

@@ -7,6 +7,7 @@ checked without starting processes; two tests spawn real gloo workers on the loo
 from __future__ import annotations
 
 import copy
+import re
 import threading
 import time
 
@@ -215,7 +216,11 @@ def test_a_dead_worker_stops_the_others_with_a_clear_error(tiny):
         launch(2, options, tiny, timeout_s=20)
     message = str(info.value)
     assert "worker 0" in message and "WorkerLost" in message and "worker 1" in message
-    assert time.monotonic() - start < 20 + 15 + 120  # the group's timeout plus start-up
+    # The survivor's collective failed within the group's timeout (start-up is not counted:
+    # spawning on a loaded 2-core machine can take minutes).
+    waited = float(re.search(r"failed after ([0-9.]+) s", message).group(1))
+    assert waited <= 20 + 5
+    assert time.monotonic() - start < 900
 
 
 def test_fleet_doc_table_is_the_generated_one():

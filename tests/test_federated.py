@@ -11,14 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from bpfree.distributed import LedgerError, SeedLedger, late_client, run_federated
 from bpfree.distributed.experiment import weights_digest
 from bpfree.distributed.federated import KILL_ENV, bytes_per_round
-from bpfree.models import digits_mlp
 from bpfree.pmt import PMTConfig
-from bpfree.quant.ptq import quantize_model
 
 CONFIG = PMTConfig(queries=2, perturbation="wp", seed=7)
 HEADER = {"test": "federated"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
+import time
 
 import torch
 
@@ -61,12 +62,14 @@ class Communicator(SingleProcess):
     def all_reduce(self, tensor: torch.Tensor, what: str = "scalars") -> torch.Tensor:
         """Sum ``tensor`` over all workers, in place; every rank receives the same bytes."""
         super().all_reduce(tensor, what)
+        start = time.monotonic()
         try:
             self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM)
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError subclasses
             raise WorkerLost(
                 f"worker {self.rank} of {self.world_size}: the all_reduce of the step's {what} "
-                f"failed, another worker stopped or timed out; stopping this one too "
+                f"failed after {time.monotonic() - start:.1f} s, another worker stopped or "
+                "timed out; stopping this one too "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from exc
         return tensor
 
