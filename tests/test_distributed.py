@@ -230,3 +230,15 @@ def test_fleet_doc_table_is_the_generated_one():
 
     doc = (Path(__file__).parents[1] / "docs" / "FLEET.md").read_text()
     assert render_into(doc) == doc, "regenerate: python -m bpfree.distributed.projection docs/FLEET.md"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "0"], "--workers must be an integer in [1, 64]"),
+    (["--timeout", "-1"], "--timeout must be a number of seconds"),
+    (["--queries", "0"], "queries must be an integer >= 1"),
+])
+def test_fleet_cli_refuses_bad_input_before_any_work(argv, message, capsys):
+    from bpfree.cli import main
+
+    assert main(["fleet", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -70,7 +70,9 @@ def data_parallel(workers: int, options: FleetOptions, *, timeout_s: float) -> d
     from .launch import launch
 
     from .ddp import ddp_bytes_per_step
+    from .launch import check_launch
 
+    check_launch(workers, timeout_s)
     setup = build_setup(options)
     d = trainable_values(setup)
     ddp = ddp_bytes_per_step(copy.deepcopy(setup["float_model"]),

@@ -58,16 +58,23 @@ def _worker(rank: int, world: int, port: int, folder: str, options: dict,
                 pass
 
 
+def check_launch(workers: int, timeout_s: float) -> None:
+    """Refuse a fleet size or timeout that cannot work, before any work is done."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+        raise ValueError(f"--workers must be an integer in [1, 64] on one machine, "
+                         f"got {workers!r}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < 86400):
+        raise ValueError(f"--timeout must be a number of seconds in (0, 86400), "
+                         f"got {timeout_s!r}")
+
+
 def launch(workers: int, options: FleetOptions, setup: dict, *,
            timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict]:
     """Run ``options`` on ``workers`` spawned processes; returns each worker's result.
 
     Raises :class:`FleetError` when any worker fails or does not stop in time.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
-        raise ValueError(f"workers must be an integer in [1, 64] on one machine, got {workers!r}")
-    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < 86400):
-        raise ValueError(f"timeout must be a number of seconds in (0, 86400), got {timeout_s!r}")
+    check_launch(workers, timeout_s)
     ctx = mp.get_context("spawn")
     with TemporaryDirectory(prefix="bpfree-fleet-") as folder:
         torch.save(setup, Path(folder) / "setup.pt")
