@@ -240,7 +240,7 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
         "forwards_per_sample_epoch": forwards_per_sample(len(trainer.trainable), config),
         "layers": len(trainer.trainable),
         "modes": {name: mode.upper() for name, mode in trainer.modes.items()},
-        "n_train": int(x_tr.shape[0]),
+        "n_train": int(xc_tr.shape[0]),
         "steps": trainer.steps,
         "final_loss": history.loss[-1],
         "analytic_bytes": rule.total,
