@@ -13,14 +13,15 @@ import copy
 import sys
 
 import torch
+import torch.distributed as dist
+
+from ..io import write_json
+from .cli import _options, add_arguments, single_process
+from .comm import init_group
+from .experiment import build_setup, train, trainable_values
 
 
 def main(argv=None) -> int:
-    from ..io import write_json
-    from .cli import _options, add_arguments, single_process
-    from .comm import init_group
-    from .experiment import build_setup, train, trainable_values
-
     parser = argparse.ArgumentParser(prog="python -m bpfree.distributed",
                                      description=__doc__.split("\n\n")[0])
     add_arguments(parser)
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
         reference_setup = {**setup, "model": copy.deepcopy(setup["model"])}
         result = train(setup, options, comm)
         gathered = [None] * comm.world_size
-        torch.distributed.all_gather_object(gathered, result)
+        dist.all_gather_object(gathered, result)
     finally:
         comm.close()
     if comm.rank == 0:

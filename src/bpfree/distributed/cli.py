@@ -18,10 +18,15 @@ from pathlib import Path
 
 import torch
 
+from ..demo import accuracy
 from ..io import check_output_path, write_json
+from ..pmt import PMTConfig
 from .comm import DEFAULT_TIMEOUT_S, SingleProcess
+from .ddp import ddp_bytes_per_step
 from .experiment import (METHODS, PERTURBATIONS, FleetOptions, build_setup,
                          pmt_trainer_digest, train, trainable_values, weights_digest)
+from .federated import bytes_per_round, late_client, run_federated
+from .launch import check_launch, launch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,11 +72,6 @@ def single_process(setup: dict, options: FleetOptions) -> dict:
 
 def data_parallel(workers: int, options: FleetOptions, *, timeout_s: float) -> dict:
     """Run the fleet and the single-process reference; returns the JSON document."""
-    from .launch import launch
-
-    from .ddp import ddp_bytes_per_step
-    from .launch import check_launch
-
     check_launch(workers, timeout_s)
     setup = build_setup(options)
     d = trainable_values(setup)
@@ -113,9 +113,6 @@ def data_parallel(workers: int, options: FleetOptions, *, timeout_s: float) -> d
 
 
 def federated(args, options: FleetOptions) -> dict:
-    from ..pmt import PMTConfig
-    from .federated import bytes_per_round, late_client, run_federated
-
     if options.method != "pmt":
         raise ValueError("--federated runs PMT with weight perturbation: use --method pmt")
     setup = build_setup(options)
@@ -133,8 +130,6 @@ def federated(args, options: FleetOptions) -> dict:
                             ledger_path=ledger_path, header=header)
         server = out["replica"]
         late = late_client(initial, config, setup["x"][:1], out["ledger"])
-    from ..demo import accuracy
-
     d = trainable_values(setup)
     per_round = bytes_per_round(len(server.wp), options.queries, d, args.clients)
     return {

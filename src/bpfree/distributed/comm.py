@@ -18,6 +18,7 @@ import socket
 import time
 
 import torch
+import torch.distributed as dist
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -52,8 +53,6 @@ class Communicator(SingleProcess):
 
     def __init__(self) -> None:
         super().__init__()
-        import torch.distributed as dist
-
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised; call init_group() first")
         self._dist = dist
@@ -93,8 +92,6 @@ def init_group(*, rank: int | None = None, world_size: int | None = None,
     ``backend`` defaults to NCCL when CUDA is available and gloo otherwise. ``timeout_s``
     bounds every collective: a worker that stops makes the others fail within it.
     """
-    import torch.distributed as dist
-
     if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < 86400):
         raise ValueError(f"timeout_s must be a number of seconds in (0, 86400), got {timeout_s!r}")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")

@@ -12,14 +12,21 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 from ..demo import accuracy, drifted_digits
+from ..estimators import rge
 from ..harness import batches, cosine_lr
+from ..objective import Objective
+from ..optim import ZOOptimizer
+from ..pmt import PMTConfig, PMTTrainer, fit
 from .comm import SingleProcess
+from .pmt import DataParallelPMT
+from .zo import DataParallelZO
 
 METHODS = ("pmt", "zo")
 PERTURBATIONS = ("wp", "np", "adaptive")
@@ -88,19 +95,12 @@ def trainable_values(setup: dict) -> int:
 
 
 def _pmt_method(model, options: FleetOptions, example, comm):
-    from ..pmt import PMTConfig
-    from .pmt import DataParallelPMT
-
     config = PMTConfig(queries=options.queries, perturbation=options.perturbation,
                        seed=options.seed)
     return DataParallelPMT(model, config, example=example, comm=comm)
 
 
 def _zo_method(model, options: FleetOptions, comm):
-    from ..estimators import rge
-    from ..optim import ZOOptimizer
-    from .zo import DataParallelZO
-
     opt = ZOOptimizer(list(model.named_parameters()), lr=options.zo_lr,
                       estimator=rge(num_queries=options.queries, mu=options.zo_mu),
                       seed=options.seed)
@@ -112,10 +112,6 @@ def train(setup: dict, options: FleetOptions, comm=None) -> dict:
 
     Returns this worker's digest, accuracies, step count, bytes and wall time per step.
     """
-    import os
-
-    from ..objective import Objective
-
     comm = comm or SingleProcess()
     model, x, y = setup["model"], setup["x"], setup["y"]
     acc_before = accuracy(model, setup["x_test"], setup["y_test"])
@@ -162,8 +158,6 @@ def train(setup: dict, options: FleetOptions, comm=None) -> dict:
 def pmt_trainer_digest(setup: dict, options: FleetOptions) -> str:
     """The weights' digest after plain :class:`bpfree.pmt.PMTTrainer` (float mean of the
     loss differences, not the fixed-point sum) on the same batches: a cross-check."""
-    from ..pmt import PMTConfig, PMTTrainer, fit
-
     model = copy.deepcopy(setup["model"])
     config = PMTConfig(queries=options.queries, perturbation=options.perturbation,
                        seed=options.seed)
