@@ -44,6 +44,8 @@ DELEGATED: list[tuple[str, str, str]] = [
     ("demo", "bpfree.demo", "train a small network on bundled data without back-propagation"),
     ("memory", "bpfree.memory_cli", "measure and estimate the memory of training methods"),
     ("classify", "bpfree.classify", "name the ImageNet classes of an image with the INT8 MCUNet-in1"),
+    ("fleet", "bpfree.distributed.cli",
+     "train BP-free on W workers or federated clients that exchange seeds and scalars"),
     ("adapt", "bpfree.tflite.adapt", "adapt a .tflite model to new data without back-propagation"),
     ("device", "bpfree.device.cli", "export, run and size the PMT training engine as C99"),
 ]

@@ -161,6 +161,32 @@ def forwards_per_sample(layers: int, config) -> int:
     return 1 + layers * config.queries + (0 if config.synchronized else layers)
 
 
+def drifted_digits(*, seed: int, noise: float, contrast: float, brightness: float) -> dict:
+    """Steps 1-3 of the story: the factory's float and INT8 models and the drifted digits.
+
+    Returns a dict with ``float_model``, ``qmodel`` (INT8), ``x_tr`` / ``y_tr`` (clean
+    training digits), ``xc_tr`` / ``xc_te`` (drifted training / test digits), ``y_te`` and
+    the clean test accuracies ``acc_float`` and ``acc_int8``.
+    """
+    from .data import load_digits_split
+    from .quant.ptq import quantize_model
+
+    torch.manual_seed(seed)
+    x_tr, y_tr, x_te, y_te = (torch.as_tensor(a) for a in load_digits_split(seed=seed))
+    # 1. Factory: BP pretraining of the float model, then PTQ to INT8 on clean digits.
+    float_model = digits_mlp()
+    pretrain(float_model, x_tr, y_tr, seed=seed)
+    acc_float = accuracy(float_model, x_te, y_te)
+    qmodel = quantize_model(float_model, x_tr, input_range=INPUT_RANGE)
+    acc_int8 = accuracy(qmodel, x_te, y_te)
+    # 2. The sensor drifts.
+    xc_tr = corrupt(x_tr, noise=noise, contrast=contrast, brightness=brightness, seed=seed + 1)
+    xc_te = corrupt(x_te, noise=noise, contrast=contrast, brightness=brightness, seed=seed + 2)
+    return {"float_model": float_model, "qmodel": qmodel, "x_tr": x_tr, "y_tr": y_tr,
+            "xc_tr": xc_tr, "xc_te": xc_te, "y_te": y_te, "acc_float": acc_float,
+            "acc_int8": acc_int8}
+
+
 def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosine",
         perturbation="adaptive", layerwise=True, gns=True, qas=True, synchronized=True,
         micro_batch=None, noise=0.2, contrast=0.5, brightness=0.3, progress=False) -> dict:
@@ -168,10 +194,8 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
 
     Accuracies are fractions in [0, 1]; ``progress`` is False, True or a bar title.
     """
-    from .data import load_digits_split
     from .memory import analytic
     from .pmt import PMTConfig, PMTTrainer, fit
-    from .quant.ptq import quantize_model
 
     # seed .. seed + 3 seed the split, the two drifts and the batches (numpy: < 2**32).
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
@@ -186,19 +210,10 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
     config = PMTConfig(queries=queries, perturbation=perturbation, layerwise=layerwise, gns=gns,
                        qas=qas, synchronized=synchronized, micro_batch=micro_batch, seed=seed)
     start = time.perf_counter()
-    torch.manual_seed(seed)
-    x_tr, y_tr, x_te, y_te = (torch.as_tensor(a) for a in load_digits_split(seed=seed))
-
-    # 1. Factory: BP pretraining of the float model, then PTQ to INT8 on clean digits.
-    float_model = digits_mlp()
-    pretrain(float_model, x_tr, y_tr, seed=seed)
-    acc_float = accuracy(float_model, x_te, y_te)
-    qmodel = quantize_model(float_model, x_tr, input_range=INPUT_RANGE)
-    acc_int8 = accuracy(qmodel, x_te, y_te)
-
-    # 2. The sensor drifts.
-    xc_tr = corrupt(x_tr, noise=noise, contrast=contrast, brightness=brightness, seed=seed + 1)
-    xc_te = corrupt(x_te, noise=noise, contrast=contrast, brightness=brightness, seed=seed + 2)
+    s = drifted_digits(seed=seed, noise=noise, contrast=contrast, brightness=brightness)
+    float_model, qmodel, xc_tr, xc_te = s["float_model"], s["qmodel"], s["xc_tr"], s["xc_te"]
+    y_tr, y_te = s["y_tr"], s["y_te"]
+    acc_float, acc_int8 = s["acc_float"], s["acc_int8"]
     acc_before = accuracy(qmodel, xc_te, y_te)
     factory_seconds = time.perf_counter() - start
 
@@ -225,7 +240,7 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
         "forwards_per_sample_epoch": forwards_per_sample(len(trainer.trainable), config),
         "layers": len(trainer.trainable),
         "modes": {name: mode.upper() for name, mode in trainer.modes.items()},
-        "n_train": int(x_tr.shape[0]),
+        "n_train": int(xc_tr.shape[0]),
         "steps": trainer.steps,
         "final_loss": history.loss[-1],
         "analytic_bytes": rule.total,

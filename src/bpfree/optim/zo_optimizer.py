@@ -151,6 +151,24 @@ class ZOOptimizer(torch.optim.Optimizer):
         return self.state["zo"]["forward_passes"]
 
     # -- the step ------------------------------------------------------------------------
+    def context(self, closure) -> QueryContext:
+        """What the estimator sees at the current step (its seeds, tensors and closure).
+
+        ``estimator.estimate(opt.context(closure))`` evaluates this step's queries without
+        updating anything: data-parallel training (:mod:`bpfree.distributed`) records a
+        shard's losses this way before the step itself.
+        """
+        zo = self.state["zo"]
+        t, run_seed = zo["step"], zo["seed"]
+        params, names, modules = self._resolve(closure)
+
+        def seed_for(q: int, i: int) -> int:
+            return derive_seed(run_seed, t, q, i)
+
+        return QueryContext(params=params, names=names, closure=closure,
+                            distribution=self.distribution, seed_for=seed_for, mode=self.mode,
+                            chunk_size=self.chunk_size, modules=modules, step=t)
+
     @torch.no_grad()
     def step(self, closure=None) -> float:
         """One zeroth-order step; returns the loss at the current parameters.
@@ -164,15 +182,9 @@ class ZOOptimizer(torch.optim.Optimizer):
         if closure is None or not callable(closure):
             raise TypeError("ZOOptimizer.step needs a closure: an Objective or a callable returning the loss")
         zo = self.state["zo"]
-        t, run_seed = zo["step"], zo["seed"]
-        params, names, modules = self._resolve(closure)
-
-        def seed_for(q: int, i: int) -> int:
-            return derive_seed(run_seed, t, q, i)
-
-        ctx = QueryContext(params=params, names=names, closure=closure,
-                           distribution=self.distribution, seed_for=seed_for, mode=self.mode,
-                           chunk_size=self.chunk_size, modules=modules, step=t)
+        t = zo["step"]
+        ctx = self.context(closure)
+        params, names = ctx.params, ctx.names
         est = self.estimator.estimate(ctx)
         multiplier = self.schedule(t) if self.schedule is not None else 1.0
         applied = est.dropped < est.queries

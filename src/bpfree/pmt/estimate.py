@@ -107,6 +107,34 @@ def capture_inputs(staged: StagedModel, layers: list[TrainableLayer], stage: int
     return captured
 
 
+def wp_direction(layer: TrainableLayer, index: int, seed: int, query: int) -> torch.Tensor:
+    """The ±1 direction ``xi_q`` of Eq. 6 for ``layer`` (its ``index`` among the model's
+    trainable layers) at step seed ``seed``: regenerated, never stored."""
+    return rademacher_xorshift(derive_seed(seed, index, query), layer.module.weight.shape,
+                               device=layer.module.weight.device)
+
+
+def perturb_weight_(module: torch.nn.Module, original: torch.Tensor, xi: torch.Tensor) -> None:
+    """Set ``module.weight`` to ``original + xi``, saturated to int8 as an MCU add would."""
+    module.weight.copy_(original.to(torch.int16).add_(xi).clamp_(-128, 127))
+
+
+def wp_estimate_from_scalars(layer: TrainableLayer, index: int, seed: int,
+                             scalars: list[float]) -> LayerEstimate:
+    """Eq. 6 from its Q scalars ``mean_n[l(W + xi_q) - l(W)]``: the directions regenerated.
+
+    The accumulation is the one :func:`estimate_group` does, in the same order, so a step
+    rebuilt from all-reduced scalars updates the weights as the single-process step would
+    with the same scalars.
+    """
+    acc = torch.zeros(layer.module.weight.shape, dtype=torch.float64,
+                      device=layer.module.weight.device)
+    for q, s in enumerate(scalars):
+        acc.add_(wp_direction(layer, index, seed, q), alpha=float(s))
+    return LayerEstimate(acc.div_(len(scalars)), None, directions=len(scalars),
+                         dimension=layer.d_w)
+
+
 def _query_chunk(batch: int, layers: list[tuple[TrainableLayer, str]], budget: int) -> int:
     if any(mode == "wp" for _, mode in layers):
         return 1  # WP needs one weight copy per query: queries run one after another
@@ -150,10 +178,8 @@ def estimate_group(staged: StagedModel, group: list[tuple[TrainableLayer, str]],
             xis = {}
             for (layer, mode), idx in zip(group, indices):
                 if mode == "wp":
-                    xi = rademacher_xorshift(derive_seed(seed, idx, q0), layer.module.weight.shape,
-                                             device=device)
-                    w = originals[layer.name].to(torch.int16).add_(xi)
-                    layer.module.weight.copy_(w.clamp_(-128, 127))
+                    xi = wp_direction(layer, idx, seed, q0)
+                    perturb_weight_(layer.module, originals[layer.name], xi)
                 else:
                     xi = torch.stack([rademacher_xorshift(derive_seed(seed, idx, q),
                                                           (n, *layer.output_shape), device=device)

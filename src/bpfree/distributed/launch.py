@@ -1,0 +1,121 @@
+"""Starting a fleet: spawned workers on the loopback interface, or torchrun's processes.
+
+:func:`launch` builds the experiment once (the BP-pretrained factory model, the drifted data),
+saves it, and starts W worker processes (``spawn``) that join a gloo process group on
+``127.0.0.1`` with one thread each. Each writes its result, or the error that stopped it, to
+a file the parent reads. A worker that dies makes the others' next ``all_reduce`` fail
+(:class:`~.comm.WorkerLost`) within the group's timeout; the parent waits at most that long
+(plus a margin) for the others to stop by themselves, then terminates them, and raises
+:class:`FleetError` naming what each worker did. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+import traceback
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import torch
+
+from .comm import DEFAULT_TIMEOUT_S, free_port, init_group
+from .experiment import FleetOptions, train
+
+
+class FleetError(RuntimeError):
+    """A worker of the fleet failed; the message says which and why, for every worker."""
+
+
+def _result_path(folder: str, rank: int) -> Path:
+    return Path(folder) / f"rank{rank}.json"
+
+
+def _worker(rank: int, world: int, port: int, folder: str, options: dict,
+            timeout_s: float) -> None:
+    """Body of one spawned worker: join, load the shared setup, train, report."""
+    torch.set_num_threads(1)
+    out = _result_path(folder, rank)
+    comm = None
+    try:
+        # Load before joining: the rendezvous shares the collectives' timeout, so the slow
+        # part of start-up must not sit between one worker's join and the other's.
+        setup = torch.load(Path(folder) / "setup.pt", weights_only=False)
+        comm = init_group(rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                          timeout_s=timeout_s, backend="gloo")
+        result = train(setup, FleetOptions(**options), comm)
+        out.write_text(json.dumps({"ok": True, **result}))
+    except BaseException as exc:  # report every failure to the parent, then exit non-zero
+        out.write_text(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                                   "traceback": traceback.format_exc()[-4000:]}))
+        raise SystemExit(1) from None
+    finally:
+        if comm is not None:
+            try:
+                comm.close()
+            except Exception:  # the group may be broken after a peer died
+                pass
+
+
+def check_launch(workers: int, timeout_s: float) -> None:
+    """Refuse a fleet size or timeout that cannot work, before any work is done."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+        raise ValueError(f"--workers must be an integer in [1, 64] on one machine, "
+                         f"got {workers!r}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < 86400):
+        raise ValueError(f"--timeout must be a number of seconds in (0, 86400), "
+                         f"got {timeout_s!r}")
+
+
+def launch(workers: int, options: FleetOptions, setup: dict, *,
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict]:
+    """Run ``options`` on ``workers`` spawned processes; returns each worker's result.
+
+    Raises :class:`FleetError` when any worker fails or does not stop in time.
+    """
+    check_launch(workers, timeout_s)
+    ctx = mp.get_context("spawn")
+    with TemporaryDirectory(prefix="bpfree-fleet-") as folder:
+        torch.save(setup, Path(folder) / "setup.pt")
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, workers, port, folder,
+                                                   options.as_dict(), timeout_s), daemon=True)
+                 for r in range(workers)]
+        for p in procs:
+            p.start()
+        _wait(procs, timeout_s)
+        results, problems = [], []
+        for r, p in enumerate(procs):
+            path = _result_path(folder, r)
+            report = json.loads(path.read_text()) if path.exists() else None
+            if report is not None and report.get("ok") and p.exitcode == 0:
+                report.pop("ok")
+                results.append(report)
+                continue
+            why = (report["error"] if report is not None and not report.get("ok")
+                   else "killed: did not stop in time" if p.exitcode is not None and p.exitcode < 0
+                   else "died without a report")
+            problems.append(f"worker {r} (exit code {p.exitcode}): {why}")
+        if problems:
+            raise FleetError(f"{len(problems)} of {workers} workers failed: "
+                             + "; ".join(problems))
+        return results
+
+
+def _wait(procs, timeout_s: float) -> None:
+    """Join all; once one has failed, give the rest ``timeout_s`` + 15 s to notice, then
+    terminate them (a hung collective must not hang the launcher)."""
+    deadline = None
+    while any(p.is_alive() for p in procs):
+        if deadline is None and any(p.exitcode not in (None, 0) for p in procs):
+            deadline = time.monotonic() + timeout_s + 15.0
+        if deadline is not None and time.monotonic() > deadline:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(5.0)
+            return
+        for p in procs:
+            p.join(0.1)
