@@ -176,8 +176,12 @@ def _search_tasks(tasks: dict, fraction: float) -> dict:
         for factor in LR_FACTORS:
             t = dict(task, lr=task["lr"] * factor, epochs=epochs)
             if task["method"] == "hybrid":
+                # The candidate must reach the CGE stage, whose step is lr x cge_lr_scale: a
+                # search over the signRGE stage alone chose a rate whose CGE stage diverged.
+                t["epochs"] = max(2, epochs)
                 kw = dict(task.get("method_kwargs", {}))
-                kw["max_coarse_epochs"] = min(kw.get("max_coarse_epochs", epochs), max(1, epochs - 1))
+                kw["max_coarse_epochs"] = min(kw.get("max_coarse_epochs", t["epochs"]),
+                                              t["epochs"] - 1)
                 t["method_kwargs"] = kw
             out[key + (factor,)] = t
     return out
@@ -222,9 +226,11 @@ def _seeded(cfg: dict, device: str, lrs: dict) -> dict:
 
 
 def _best(res: dict) -> float:
-    """Best accuracy on the validation split over a run's evaluations (used to pick lrs)."""
-    acc = [a for a in res["log"]["val_acc"] if math.isfinite(a)]
-    return max(acc) if acc else float("nan")
+    """Validation accuracy of the run's *final* model (used to pick lrs): the reported test
+    accuracy is the final model's too, so a candidate that peaks and then collapses (the
+    hybrid's CGE stage at too large a step) must not be chosen for its peak."""
+    acc = res["log"]["val_acc"]
+    return acc[-1] if acc and math.isfinite(acc[-1]) else float("nan")
 
 
 def _test(res: dict) -> float:

@@ -105,11 +105,20 @@ def test_ttzo_lr_search_gives_every_run_the_same_candidates_and_picks_the_best()
     for key, task in tasks.items():
         lrs = sorted(search[key + (f,)]["lr"] for f in tt_zo.LR_FACTORS)
         assert lrs == pytest.approx(sorted(task["lr"] * f for f in tt_zo.LR_FACTORS))
-        assert all(search[key + (f,)]["epochs"] < task["epochs"] or task["epochs"] == 1
-                   for f in tt_zo.LR_FACTORS)
+        for f in tt_zo.LR_FACTORS:
+            cand = search[key + (f,)]
+            assert cand["epochs"] <= max(task["epochs"], 2)
+            if task["method"] == "hybrid":  # every hybrid candidate reaches its CGE stage
+                assert cand["method_kwargs"]["max_coarse_epochs"] < cand["epochs"]
+            else:
+                assert cand["epochs"] < task["epochs"] or task["epochs"] == 1
     fake = {("tt6", "fo", f): {"log": {"val_acc": [acc]}, "task": {"lr": 0.1 * f}}
             for f, acc in zip(tt_zo.LR_FACTORS, (50.0, 80.0, float("nan")))}
     assert tt_zo._pick_lrs(fake) == {("tt6", "fo"): pytest.approx(0.1)}
+    # the final model is scored, not the run's peak: a collapse at the end loses
+    collapse = {("tt6", "hybrid", f): {"log": {"val_acc": acc}, "task": {"lr": 0.1 * f}}
+                for f, acc in zip(tt_zo.LR_FACTORS, ([40.0, 45.0], [50.0, 55.0], [60.0, 9.7]))}
+    assert tt_zo._pick_lrs(collapse) == {("tt6", "hybrid"): pytest.approx(0.1)}
     # a tie keeps the smaller lr
     tie = {("tt6", "fo", f): {"log": {"val_acc": [70.0]}, "task": {"lr": 0.1 * f}}
            for f in tt_zo.LR_FACTORS}
