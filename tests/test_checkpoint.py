@@ -503,6 +503,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # four fresh interpreters importing torch: 135 s on the loaded 2-core box
 def test_sigkill_during_training_resumes_bit_identical(tmp_path):
     """Issue 20 item 5: SIGKILL a training process at random moments during its 20 saves.
     After every kill the checkpoint loads and equals the uninterrupted run's state at the step

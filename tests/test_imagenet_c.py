@@ -8,8 +8,9 @@ ImageNet-C's parameter) on a real photograph, and compared with the reference:
 * deterministic corruptions pixel by pixel: the mean absolute difference must stay within
   ``DETERMINISTIC_SHARE`` of what the corruption itself changes (and 1 grey level, the
   reference truncating to uint8 where we round);
-* random ones by the size of what they change, mean |corrupted - clean| over ``SEEDS`` draws,
-  whose ratio to the reference's must stay within ``RANDOM_RATIO``.
+* random ones (and zoom blur, see ``RANDOM``) by the size of what they change, mean
+  |corrupted - clean| over ``SEEDS`` draws, whose ratio to the reference's must stay within
+  ``RANDOM_RATIO``.
 
 imagecorruptions 1.1.2 (its last release) calls three APIs removed since: scikit-image's
 ``gaussian(multichannel=True)`` (now ``channel_axis=-1``), NumPy's ``np.float_`` (now
@@ -41,13 +42,23 @@ IMAGENET_C_PARAMS = {
     "glass_blur": ((.7, 1, 2, 1.), (.9, 2, 1, 1.), (1, 2, 3, 1.), (1.1, 3, 2, 1.),
                    (1.5, 4, 2, 1.)),
 }
-DETERMINISTIC = ("gaussian_blur", "defocus_blur", "zoom_blur", "contrast", "brightness",
-                 "saturate", "jpeg_compression", "pixelate")
+DETERMINISTIC = ("gaussian_blur", "defocus_blur", "contrast", "brightness", "saturate",
+                 "jpeg_compression", "pixelate")
+# zoom_blur is deterministic but compared by the size of its effect, on purpose: the
+# reference's clipped_zoom crops ceil(H / z) pixels from an integer offset and keeps the top-left
+# H x W of scipy's corner-aligned zoom, so each zoom is off-centre by up to a pixel; ours zooms
+# about the exact centre. On the 64-px photo the two differ pixel by pixel by 24-39 % of what
+# the blur changes, while the blur changes 0.89-0.95 times as much as the reference's.
 RANDOM = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise", "glass_blur",
-          "motion_blur", "fog")
+          "motion_blur", "fog", "zoom_blur")
+# Tolerances from the measured values (this photo, seeds 0-2, severities 1-5): deterministic
+# gaps 0-2.7 % of the corruption's effect (jpeg_compression identical); effect ratios
+# ours / reference 0.945-1.009 for the noises, 0.967-1.049 for glass, motion and fog, 0.89-0.95
+# for zoom blur. Each tolerance is about twice the largest deviation measured.
 DETERMINISTIC_SHARE = 0.05
 RANDOM_RATIO = {"gaussian_noise": 0.1, "shot_noise": 0.1, "impulse_noise": 0.1,
-                "speckle_noise": 0.1, "glass_blur": 0.25, "motion_blur": 0.25, "fog": 0.25}
+                "speckle_noise": 0.1, "glass_blur": 0.1, "motion_blur": 0.1, "fog": 0.1,
+                "zoom_blur": 0.2}
 SEEDS = range(3)
 
 
