@@ -467,3 +467,98 @@ def test_sigkill_during_saves_always_leaves_the_last_checkpoint(tmp_path):
         assert torch.equal(ck.model_state["w"], torch.full((200_000,), float(ck.extra["step"])))
     save_checkpoint(path, extra={"step": -1})
     assert [p.name for p in tmp_path.iterdir()] == ["ck.safetensors"]
+
+
+# The training run the kill test interrupts: 20 ZO steps, a checkpoint after each. Every batch
+# is drawn from the step number and every perturbation from (seed, step), so a run resumed
+# from the checkpoint of step k must continue exactly as the uninterrupted run did.
+_TRAINER = """
+import os, sys, torch
+from torch import nn
+from bpfree.checkpoint import restore_checkpoint, save_checkpoint
+from bpfree.estimators import rge
+from bpfree.objective import Objective
+from bpfree.optim import ZOOptimizer
+
+def train(path, steps, states=None):
+    torch.set_num_threads(1)  # the same float sums in the test process and the child
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Linear(512, 3))
+    opt = ZOOptimizer(model.parameters(), lr=0.05, estimator=rge(4), seed=7)
+    if os.path.exists(path):
+        restore_checkpoint(path, model=model, optimizer=opt)
+    print("start", opt.step_count, flush=True)
+    for step in range(opt.step_count, steps):
+        g = torch.Generator().manual_seed(step)
+        opt.step(Objective(model, torch.randn(16, 64, generator=g),
+                           torch.randint(0, 3, (16,), generator=g)))
+        save_checkpoint(path, model=model, optimizer=opt, extra={"step": step + 1})
+        if states is not None:
+            states.append({k: v.clone() for k, v in model.state_dict().items()})
+        print("saved", step + 1, flush=True)
+    return model
+
+if __name__ == "__main__":
+    train(sys.argv[1], int(sys.argv[2]))
+"""
+
+
+@pytest.mark.slow  # four fresh interpreters importing torch: 135 s on the loaded 2-core box
+def test_sigkill_during_training_resumes_bit_identical(tmp_path):
+    """Issue 20 item 5: SIGKILL a training process at random moments during its 20 saves.
+    After every kill the checkpoint loads and equals the uninterrupted run's state at the step
+    it records (at least the last step the process reported saved); resuming from it ends
+    bit-identical to the uninterrupted run."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    namespace: dict = {}
+    exec(compile(_TRAINER, "trainer", "exec"), namespace)
+    reference: list = []
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    try:
+        final = namespace["train"](str(tmp_path / "reference.safetensors"), 20, reference)
+    finally:
+        torch.set_num_threads(threads)
+    run_seconds = time.perf_counter() - start
+
+    script = tmp_path / "trainer.py"
+    script.write_text(_TRAINER)
+    path = tmp_path / "ck.safetensors"
+    rng = random.Random(0)
+    kills, done = 0, 0
+    for _ in range(8):  # 3 kills, then one run to the end (more tries if a run outpaces a kill)
+        proc = subprocess.Popen([sys.executable, str(script), str(path), "20"],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().startswith("start")  # imports and restore are done
+        if kills < 3 and done < 20:
+            # somewhere in what is left of the run, which takes about as long as the reference's
+            time.sleep(rng.uniform(0.0, 0.8 * run_seconds * (20 - done) / 20))
+            proc.send_signal(signal.SIGKILL)
+        reported = [int(line.split()[1]) for line in proc.communicate(timeout=120)[0].splitlines()]
+        if proc.returncode == 0:
+            assert reported[-1:] in ([20], [])
+            break
+        assert proc.returncode == -signal.SIGKILL
+        kills += 1
+        if not path.exists():  # killed before its first save completed
+            assert not reported
+            continue
+        ck = load_checkpoint(path)
+        done = ck.extra["step"]
+        assert done >= max(reported, default=1)  # a save reported done is on disk
+        for key, value in ck.model_state.items():
+            assert torch.equal(value, reference[done - 1][key]), (done, key)
+    else:
+        pytest.fail("the training run never completed")
+    assert kills >= 1, "every run finished before its kill: nothing was interrupted"
+    resumed = load_checkpoint(path)
+    assert resumed.extra["step"] == 20
+    for key, value in final.state_dict().items():
+        assert torch.equal(resumed.model_state[key], value), key
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.safetensors", "reference.safetensors",
+                                                          "trainer.py"]

@@ -22,6 +22,7 @@ from bpfree.data import (
     read_record,
     require_data_root,
 )
+from bpfree.data.mitdb import verify_sha256
 
 # --- writers (from the format description) -----------------------------------------------
 
@@ -184,6 +185,68 @@ def test_annotation_errors(tmp_path):
         read_annotations(tmp_path / "none.atr")
 
 
+def test_empty_or_cut_annotation_file_is_an_error_not_fewer_beats(tmp_path):
+    """Issue 20 probe 6: an empty or half-truncated .atr used to give fewer beats silently."""
+    full = annotation_bytes([("beat", "N", 100), ("beat", "F", 50), ("aux", "(N"),
+                             ("beat", "V", 70), ("beat", "F", 30)])
+    (tmp_path / "ok.atr").write_bytes(full)
+    assert read_annotations(tmp_path / "ok.atr")[1].tolist() == ["N", "F", "V", "F"]
+    (tmp_path / "empty.atr").write_bytes(b"")
+    with pytest.raises(MitdbError, match="empty.atr: empty annotation file"):
+        read_annotations(tmp_path / "empty.atr")
+    (tmp_path / "cut.atr").write_bytes(full[:8])  # N, F, the AUX word and its text
+    with pytest.raises(MitdbError, match="cut.atr: truncated: no end-of-file word after 2 "):
+        read_annotations(tmp_path / "cut.atr")
+    # only the end-of-file word: a valid file with no annotations
+    (tmp_path / "none.atr").write_bytes(b"\0\0")
+    assert read_annotations(tmp_path / "none.atr")[0].size == 0
+
+
+def test_split_refuses_a_cut_annotation_file(tmp_path):
+    names = _synthetic_db(tmp_path)
+    atr = tmp_path / f"{names[1]}.atr"
+    atr.write_bytes(atr.read_bytes()[:atr.stat().st_size // 4 * 2])
+    with pytest.raises(MitdbError, match=f"{names[1]}.atr: truncated"):
+        mitbih_split(tmp_path, records=names, balance=False, window=40, before=15)
+    atr.write_bytes(b"")
+    with pytest.raises(MitdbError, match=f"{names[1]}.atr: empty"):
+        mitbih_split(tmp_path, records=names, balance=False, window=40, before=15)
+
+
+def _sha256sums(folder, names):
+    import hashlib
+
+    lines = [f"{hashlib.sha256((folder / n).read_bytes()).hexdigest()} {n}" for n in names]
+    (folder / "SHA256SUMS.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_swapped_frames_pass_the_checksum_but_not_the_sha256_list(tmp_path):
+    """Issue 20 probe 6: two swapped 3-byte frames keep WFDB's 16-bit sum; PhysioNet's
+    SHA256SUMS.txt beside the record catches them."""
+    rng = np.random.default_rng(2)
+    sig = rng.integers(-600, 1500, (400, 2)).astype(np.int16)
+    write_record(tmp_path, "300", sig)
+    (tmp_path / "300.atr").write_bytes(annotation_bytes([("beat", "N", 100)]))
+    _sha256sums(tmp_path, ["300.hea", "300.dat", "300.atr"])
+    assert verify_sha256(tmp_path / "300.dat") and not verify_sha256(tmp_path / "other.dat")
+    np.testing.assert_array_equal(read_record(tmp_path / "300")[0], sig)
+    raw = bytearray((tmp_path / "300.dat").read_bytes())
+    raw[30:33], raw[60:63] = raw[60:63], raw[30:33]  # frames 10 and 20 (one frame = 3 bytes)
+    (tmp_path / "300.dat").write_bytes(bytes(raw))
+    with pytest.raises(MitdbError, match="300.dat: SHA-256 .* does not match"):
+        read_record(tmp_path / "300")
+    adc, _ = read_record(tmp_path / "300", verify=False)
+    assert not np.array_equal(adc, sig)
+    np.testing.assert_array_equal(adc[[10, 20]], sig[[20, 10]])
+    (tmp_path / "SHA256SUMS.txt").unlink()  # without the list the swap is invisible:
+    np.testing.assert_array_equal(read_record(tmp_path / "300")[0], adc)  # the sum still holds
+    _sha256sums(tmp_path, ["300.atr"])
+    (tmp_path / "300.atr").write_bytes(annotation_bytes([("beat", "V", 100)]))
+    with pytest.raises(MitdbError, match="300.atr: SHA-256"):
+        read_annotations(tmp_path / "300.atr")
+    assert read_annotations(tmp_path / "300.atr", verify=False)[1].tolist() == ["V"]
+
+
 # --- beats and the split ------------------------------------------------------------------
 
 
@@ -319,6 +382,39 @@ def test_real_record_100():
     assert len(beats) == 2273
     assert {s: beats.count(s) for s in set(beats)} == {"N": 2239, "A": 33, "V": 1}
     assert np.all(np.diff(sample) >= 0) and sample[-1] < 650000
+
+
+def test_real_record_with_swapped_frames_is_refused(tmp_path):
+    root = require_data_root("mitdb", ("208.hea", "208.dat", "208.atr", "SHA256SUMS.txt"))
+    for ext in ("hea", "dat", "atr"):
+        (tmp_path / f"208.{ext}").write_bytes((root / f"208.{ext}").read_bytes())
+    (tmp_path / "SHA256SUMS.txt").write_bytes((root / "SHA256SUMS.txt").read_bytes())
+    raw = bytearray((tmp_path / "208.dat").read_bytes())
+    a, b = slice(3 * 1000, 3 * 1001), slice(3 * 100_000, 3 * 100_001)  # frames 1000, 100000
+    assert raw[a] != raw[b]
+    raw[a], raw[b] = raw[b], raw[a]
+    (tmp_path / "208.dat").write_bytes(bytes(raw))
+    with pytest.raises(MitdbError, match="208.dat: SHA-256"):
+        read_record(tmp_path / "208")
+
+
+def test_reader_agrees_with_wfdb_record_for_record():
+    """Every record's samples (ADC units) and every annotation's sample and symbol equal
+    PhysioNet's own reader's (wfdb, a dev dependency; see bpfree.data.mitdb on why it is not
+    the library's reader)."""
+    wfdb = pytest.importorskip("wfdb", reason="wfdb (dev extra) is not installed")
+    root = require_data_root("mitdb", RECORD_FILES)
+    for rec in MITDB_RECORDS:
+        adc, header = read_record(root / rec)
+        theirs = wfdb.rdrecord(str(root / rec), physical=False)
+        np.testing.assert_array_equal(adc, theirs.d_signal, err_msg=rec)
+        assert [s.description for s in header.signals] == theirs.sig_name, rec
+        assert [s.gain for s in header.signals] == list(theirs.adc_gain), rec
+        assert [s.checksum for s in header.signals] == list(theirs.checksum), rec
+        sample, symbol = read_annotations(root / f"{rec}.atr")
+        ann = wfdb.rdann(str(root / rec), "atr")
+        np.testing.assert_array_equal(sample, ann.sample, err_msg=rec)
+        assert symbol.tolist() == list(ann.symbol), rec
 
 
 def test_real_database_beats_and_benchmark_split():

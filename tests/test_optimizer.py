@@ -260,3 +260,31 @@ def test_an_lr_that_would_overflow_the_weights_is_refused_unchanged(transforms):
     opt.step(Objective(model, x, y))
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert not torch.equal(model.weight, before[0])
+
+
+class _LSTMClassifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 5, batch_first=True)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def test_batched_mode_refuses_a_recurrent_model_and_lean_trains_it():
+    """Issue 20 probe 14: batched rge on an LSTM failed deep inside torch.func; it now names the
+    module and the mode that works, before anything moves."""
+    torch.manual_seed(0)
+    model = _LSTMClassifier()
+    g = torch.Generator().manual_seed(0)
+    objective = Objective(model, torch.randn(8, 6, 4, generator=g),
+                          torch.randint(0, 3, (8,), generator=g))
+    before = [p.clone() for p in model.parameters()]
+    opt = ZOOptimizer(model.parameters(), lr=0.05, estimator=rge(4), mode="batched")
+    with pytest.raises(ValueError, match=r"cannot run the LSTM at 'rnn'.*use mode='lean'"):
+        opt.step(objective)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    lean = ZOOptimizer(model.parameters(), lr=0.05, estimator=rge(4), mode="lean")
+    lean.step(objective)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -90,6 +90,21 @@ def test_sparse_grid_bad_input(kwargs):
         sparse_grid(**kwargs)
 
 
+def test_sparse_grid_too_large_is_refused_at_once_naming_the_size():
+    """Issue 20 probe 16: sparse_grid(50, 8) used to run for minutes before running out."""
+    from bpfree.pinn.sparse_grid import sparse_grid_size
+
+    with pytest.raises(ValueError, match=r"sparse_grid\(dim=50, level=8\) is too large: .*2\.61e\+10 "
+                                         r"tensor-grid points, the limit is 2,000,000"):
+        sparse_grid(50, 8)
+    with pytest.raises(ValueError, match="too large"):
+        sparse_grid_size(50, 8)
+    assert sparse_grid_size(21, 3) == 925  # the paper's rule stays well inside the limit
+    # level 3 at D = 2000 would visit 1 + 4000 + 8,002,000 points
+    with pytest.raises(ValueError, match=r"dim=2000, level=3\) is too large: .*8\.01e\+06"):
+        sparse_grid(2000, 3)
+
+
 def test_backend_bad_input():
     with pytest.raises(ValueError, match="level"):
         SparseGridStein(sigma=0.1, level=0)

@@ -11,6 +11,7 @@ from bpfree.pmt.diagnostic import SCHEMES, bp_gradients, gradient_cosines, plot_
     zo_gradients
 from _pmt_experiment import METHODS, Protocol, noqas_rates, run_task, split, sweep
 from bpfree.pmt.sparse import block, holdout_split, select_block, split_blocks
+from bpfree.perturb import derive_seed
 from bpfree.quant import quantize_model
 
 
@@ -66,13 +67,24 @@ def test_select_block_trains_copies_and_picks_the_largest_gain(models):
     before = {k: v.clone() for k, v in qmodel.state_dict().items()}
     layers = find_layers(qmodel, x)
     blocks = split_blocks(layers, 4)
+    made = []
+
+    def make(m, names):
+        made.append(PMTTrainer(m, PMTConfig(queries=2), example=x[:2], trainable=names))
+        return made[-1]
+
     sel = select_block(qmodel, x, y, blocks=blocks, lr=0.1, batch_size=16, seed=0,
-                       make_method=lambda m, names: PMTTrainer(
-                           m, PMTConfig(queries=2), example=x[:2], trainable=names))
+                       make_method=make)
     assert all(torch.equal(before[k], v) for k, v in qmodel.state_dict().items())
     assert sel.gains == [a - sel.base_accuracy for a in sel.accuracies]
     assert sel.gains[sel.chosen - 1] == max(sel.gains)
-    assert sel.forwards > 0
+    # Forward passes, counted independently: one epoch of PMT on the n_t training samples
+    # costs n_t (1 + L Q) per trial (Algorithm 1: one clean pass, Q perturbed passes per
+    # layer), and every held-out evaluation (the base model's and each trial's) costs n_h.
+    train_idx, held_idx = holdout_split(x.shape[0], 0.2, 0)
+    n_t, n_h = len(train_idx), len(held_idx)
+    assert len(made) == len(blocks)
+    assert sel.forwards == n_h + sum(n_t * (1 + len(m.trainable) * 2) + n_h for m in made)
     for bad in ([], [blocks[0], []]):
         with pytest.raises(ValueError, match="blocks must be a non-empty list"):
             select_block(qmodel, x, y, blocks=bad, lr=0.1, batch_size=16,
@@ -98,7 +110,14 @@ def test_gradient_cosines_table_and_plot(models, tmp_path):
                               schemes=("wp-layer", "adaptive"))
     assert set(result["cosine"]) == {"wp-layer", "adaptive"}
     assert len(result["cosine"]["adaptive"][2]) == len(result["layers"])
-    assert all(-1.0 <= c <= 1.0 for c in result["cosine"]["adaptive"][1])
+    # Each cosine is the one between that scheme's estimate (seed derive_seed(0, repeat 0))
+    # and autograd's gradient of the same integer model, computed here independently.
+    ref = bp_gradients(qmodel, x[:16], y[:16])
+    est = zo_gradients(qmodel, x[:16], y[:16], "adaptive", 1, seed=derive_seed(0, 0))
+    expected = [float(torch.nn.functional.cosine_similarity(
+        est[name].reshape(-1).double(), ref[name].reshape(-1).double(), dim=0))
+        for name in result["layers"]]
+    assert result["cosine"]["adaptive"][1] == pytest.approx(expected, abs=1e-5)
     path = plot_cosines(result, tmp_path / "cos.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="scheme"):

@@ -442,3 +442,11 @@ def test_empty_calibration_and_empty_input_range_are_refused():
     for bad in [(0.0, 0.0), (1.0, 0.0), (0.0, float("inf"))]:
         with pytest.raises(ValueError, match="input_range must be finite with lo < hi"):
             quantize_model(mnist_cnn(), images(2, 0), input_range=bad)
+
+
+def test_meta_device_model_is_refused_with_a_hint():
+    """Issue 20 probe 14: a model built under torch.device('meta') failed deep inside torch."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"meta device .*'0.weight'.*to_empty"):
+        quantize_model(model, torch.rand(4, 16))

@@ -23,6 +23,20 @@ def cross_entropy_per_sample(outputs: Tensor, targets: Tensor) -> Tensor:
     return nn.functional.cross_entropy(outputs, targets, reduction="none")
 
 
+def _check_vmappable(model: nn.Module) -> None:
+    """Refuse models ``vmap(functional_call)`` cannot run, before torch fails deep inside.
+
+    torch's RNN modules (LSTM, GRU, RNN) run fused kernels over a flat list of their weights
+    that ``vmap`` cannot batch: K stacked parameter sets fail deep inside torch with an error
+    that names neither the module nor the way out (issue 20, probe 14)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.RNNBase):
+            raise ValueError(f"mode='batched' evaluates the queries with torch.func.vmap, which "
+                             f"cannot run the {type(module).__name__} at "
+                             f"{name or 'the model root'!r} (torch's fused RNN kernels cannot be "
+                             "batched); use mode='lean' for recurrent models")
+
+
 class Objective:
     """A mini-batch objective ``L(θ) = (1/N) Σ_n ℓ(θ; x_n, y_n)``.
 
@@ -85,6 +99,8 @@ class Objective:
         sizes = {v.shape[0] for v in stacked.values()}
         if len(sizes) != 1:
             raise ValueError(f"stacked parameters disagree on the query dimension: {sorted(sizes)}")
+
+        _check_vmappable(self.model)
 
         def one(params):
             out = functional_call(self.model, params, (self.inputs,))

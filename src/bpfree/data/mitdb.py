@@ -16,7 +16,19 @@ A record ``NNN`` is three files (WFDB format, PhysioNet's "WFDB file formats" pa
   word 0 ends the file. Codes 1..49 are annotation types (``N``, ``V``, ``/``, ``+``, ...).
 
 :func:`read_record` / :func:`read_annotations` read one record; the header's per-signal
-initial value and checksum are verified, so a corrupt ``.dat`` is reported, not used.
+initial value and checksum are verified, so a corrupt ``.dat`` is reported, not used. The
+WFDB checksum is a sum, blind to samples moved around (two swapped frames keep it), so where
+the record's folder holds PhysioNet's ``SHA256SUMS.txt`` (every PhysioNet release ships one)
+each file it lists is also checked against its SHA-256. An annotation file must end with the
+end-of-file word: an empty or cut-off ``.atr`` is an error, not a shorter list of beats.
+
+Why not ``wfdb`` (the field's reader, PhysioNet's own package): measured with wfdb 4.3.1,
+``wfdb.rdann`` returns 0 annotations for an empty ``.atr`` and 1,491 of record 208's 3,040
+(F beats 249 of 373) for one cut in half, without a warning, and ``wfdb.rdrecord`` reads a
+``.dat`` whose checksum no longer matches its header without complaint -- the faults this
+reader exists to refuse -- and it pulls pandas, aiohttp, requests, soundfile and fsspec into a
+library that needs three small binary formats. Our reader is tested against ``wfdb`` record
+for record on all 48 records (``tests/test_mitdb.py``; wfdb is a dev dependency).
 :func:`load_mitdb_beats` cuts a fixed window around every beat annotation and maps its
 symbol to the five AAMI EC57 classes; :func:`mitbih_split` gives a seeded, class-balanced
 train/test split of those beats (intra-patient by default, the setting of the TinyFoA
@@ -25,6 +37,8 @@ authors' code; inter-patient when ``test_records`` is given). bpfree never downl
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import numbers
 import os
 from dataclasses import dataclass
@@ -37,7 +51,7 @@ from .paths import DATA_ENV_VAR, candidate_roots, default_data_root
 __all__ = [
     "AAMI_CLASSES", "AAMI_MAP", "ANNOTATION_CODES", "MITDB_RECORDS", "MitdbBeats", "MitdbError",
     "RecordHeader", "SignalSpec", "load_mitdb_beats", "mitbih_split", "read_212",
-    "read_annotations", "read_header", "read_record",
+    "read_annotations", "read_header", "read_record", "verify_sha256",
 ]
 
 #: The 48 records of the database (its ``RECORDS`` file).
@@ -218,13 +232,52 @@ def read_212(path: str | os.PathLike, n_signals: int, n_samples: int | None = No
     return out[:frames * n_signals].reshape(frames, n_signals)
 
 
+SHA256SUMS = "SHA256SUMS.txt"
+
+
+@functools.lru_cache(maxsize=8)
+def _listed_digests(sums: Path, mtime_ns: int) -> dict[str, str]:
+    """``file name -> sha256 hex`` of a PhysioNet ``SHA256SUMS.txt`` (``digest name`` lines;
+    ``mtime_ns`` is part of the cache key so an edited list is read again)."""
+    digests = {}
+    for line in sums.read_text(encoding="utf-8", errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) == 2 and len(fields[0]) == 64:
+            digests[fields[1].lstrip("*")] = fields[0].lower()
+    return digests
+
+
+def verify_sha256(path: str | os.PathLike) -> bool:
+    """Check ``path`` against the ``SHA256SUMS.txt`` beside it, if there is one and it lists
+    the file; returns whether a digest was checked. Raises :class:`MitdbError` on a mismatch.
+
+    The WFDB header checksum is a 16-bit sum, so reordered samples (two swapped 3-byte frames
+    of a format-212 file, say) keep it; the release's SHA-256 list catches every change."""
+    path = Path(path)
+    sums = path.parent / SHA256SUMS
+    if not sums.is_file():
+        return False
+    expected = _listed_digests(sums, sums.stat().st_mtime_ns).get(path.name)
+    if expected is None:
+        return False
+    with open(path, "rb") as f:
+        actual = hashlib.file_digest(f, "sha256").hexdigest()
+    if actual != expected:
+        raise MitdbError(f"{path}: SHA-256 {actual[:16]}... does not match {sums} "
+                         f"({expected[:16]}...); the file is corrupt or was modified: restore it "
+                         "from the PhysioNet release")
+    return True
+
+
 def read_record(path: str | os.PathLike, *, verify: bool = True
                 ) -> tuple[np.ndarray, RecordHeader]:
     """Read record ``path`` (``.../100`` or ``.../100.hea``): ``(adc int16 [n_samples,
     n_signals], header)``. Physical values are ``(adc - baseline) / gain`` mV.
 
     With ``verify`` every signal's first sample must equal the header's initial value and
-    the 16-bit sum of its samples the header's checksum (:class:`MitdbError` otherwise).
+    the 16-bit sum of its samples the header's checksum, and the header and signal files must
+    match their SHA-256 in a ``SHA256SUMS.txt`` beside them (:func:`verify_sha256`, where one
+    lists them); :class:`MitdbError` otherwise.
     """
     path = Path(path)
     hea = path if path.suffix == ".hea" else path.with_name(path.name + ".hea")
@@ -234,8 +287,11 @@ def read_record(path: str | os.PathLike, *, verify: bool = True
         raise MitdbError(f"{hea}: only records whose signals share one format-212 file are "
                          f"supported, got files {sorted(files)} formats "
                          f"{sorted({s.fmt for s in header.signals})}")
-    adc = read_212(hea.with_name(files.pop()), header.n_signals, header.n_samples)
+    dat = hea.with_name(files.pop())
+    adc = read_212(dat, header.n_signals, header.n_samples)
     if verify:
+        verify_sha256(hea)
+        verify_sha256(dat)
         for i, s in enumerate(header.signals):
             col = adc[:, i]
             if int(col[0]) != s.initial_value:
@@ -250,25 +306,38 @@ def read_record(path: str | os.PathLike, *, verify: bool = True
     return adc, header
 
 
-def read_annotations(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+def read_annotations(path: str | os.PathLike, *, verify: bool = True
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Read an MIT-format annotation file (``.atr``): ``(sample int64 [K], symbol str [K])``,
-    every annotation in file order (beats and non-beats; see :data:`AAMI_MAP`)."""
+    every annotation in file order (beats and non-beats; see :data:`AAMI_MAP`).
+
+    The file must end with the end-of-file word 0: an empty or cut-off file raises
+    :class:`MitdbError` instead of returning the annotations before the cut. With ``verify``
+    the file must also match its SHA-256 in a ``SHA256SUMS.txt`` beside it, where one lists it.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"WFDB annotation file not found: {path}")
+    if verify:
+        verify_sha256(path)
     data = path.read_bytes()
+    if not data:
+        raise MitdbError(f"{path}: empty annotation file; an MIT annotation file holds at "
+                         "least its end-of-file word")
     if len(data) % 2:
         raise MitdbError(f"{path}: odd length {len(data)}; MIT annotation files are 16-bit "
                          "words")
     words = np.frombuffer(data, dtype="<u2")
     samples, symbols = [], []
     t, i, n = 0, 0, len(words)
+    ended = False
     while i < n:
         w = int(words[i])
         i += 1
         code, inc = w >> 10, w & 0x3FF
         if code == 0 and inc == 0:
-            break  # end of file
+            ended = True
+            break
         if code == _SKIP:
             if i + 2 > n:
                 raise MitdbError(f"{path}: truncated SKIP annotation at byte {2 * i - 2}")
@@ -290,6 +359,9 @@ def read_annotations(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
                 raise MitdbError(f"{path}: unknown annotation code {code} at byte {2 * i - 2}")
             samples.append(t)
             symbols.append(ANNOTATION_CODES[code])
+    if not ended:
+        raise MitdbError(f"{path}: truncated: no end-of-file word after {len(samples)} "
+                         f"annotations ({len(data)} bytes); the file was cut off")
     return np.asarray(samples, np.int64), np.asarray(symbols, dtype="<U1")
 
 
@@ -358,7 +430,7 @@ def load_mitdb_beats(root: str | os.PathLike | None = None, *,
         ch = names.index(lead) if lead in names else 0
         spec = header.signals[ch]
         sig = adc[:, ch]
-        sample, symbol = read_annotations(folder / f"{rec}.atr")
+        sample, symbol = read_annotations(folder / f"{rec}.atr", verify=verify)
         labels = np.array([AAMI_MAP.get(s, -1) for s in symbol], np.int64)
         keep = ((labels >= 0) & (sample - before >= 0)
                 & (sample - before + window <= sig.size))

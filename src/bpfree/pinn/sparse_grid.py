@@ -19,7 +19,12 @@ import numpy as np
 import torch
 from numpy.polynomial.hermite_e import hermegauss
 
-__all__ = ["sparse_grid", "sparse_grid_size", "gauss_hermite"]
+__all__ = ["MAX_TENSOR_POINTS", "sparse_grid", "sparse_grid_size", "gauss_hermite"]
+
+#: Most tensor-grid points the combination technique may visit (:func:`_tensor_points`); a
+#: few seconds of construction. D = 21 at level 3 (the paper's rule) visits 946, D = 50 at
+#: level 8 about 2.6e10, which would run for hours and not fit in memory.
+MAX_TENSOR_POINTS = 2_000_000
 
 
 def _check(dim, level, sigma) -> tuple[int, int, float]:
@@ -30,7 +35,21 @@ def _check(dim, level, sigma) -> tuple[int, int, float]:
     if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) \
             or not math.isfinite(sigma) or sigma <= 0:
         raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
-    return int(dim), int(level), float(sigma)
+    dim, level = int(dim), int(level)
+    points = _tensor_points(dim, level)
+    if points > MAX_TENSOR_POINTS:
+        raise ValueError(f"sparse_grid(dim={dim}, level={level}) is too large: building it "
+                         f"visits {points:.3g} tensor-grid points, the limit is "
+                         f"{MAX_TENSOR_POINTS:,}; lower level (level 3 has "
+                         f"{2 * dim * dim + 2 * dim + 1:,} nodes at this dim) or dim")
+    return dim, level, float(sigma)
+
+
+def _tensor_points(dim: int, level: int) -> int:
+    """Points of all tensor grids the combination technique (Eq. 11) visits: excess vectors
+    summing to q each give prod(e_m + 1) points, and summed over them that is the t^q
+    coefficient of (1 - t)^(-2 dim), C(2 dim + q - 1, q), for q = max(0, level - dim)..level-1."""
+    return sum(math.comb(2 * dim + q - 1, q) for q in range(max(0, level - dim), level))
 
 
 @lru_cache(maxsize=None)

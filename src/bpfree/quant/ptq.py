@@ -485,6 +485,13 @@ def quantize_model(model: nn.Module, calibration, *, input_range: tuple[float, f
                                  ("backend", backend, _BACKENDS)):
         if value not in choices:
             raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    meta = ([name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+            if isinstance(model, nn.Module) else [])
+    if meta:
+        raise ValueError(f"the model's tensors are on the meta device (no values), e.g. "
+                         f"{meta[0]!r}: a model built under torch.device('meta') has shapes only; "
+                         "materialize it (model.to_empty(device='cpu'), then load its weights) "
+                         "before quantizing")
     stages = _analyse(model)
     input_quant, quants = _calibrate(model, stages, calibration, percentile, input_range)
 
