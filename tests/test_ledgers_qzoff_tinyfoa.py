@@ -117,6 +117,16 @@ def test_tinyfoa_rule_fails_where_its_claim_fails(tinyfoa, edit, failing):
     assert {k for k, v in verdicts.items() if not v} == failing
 
 
+def test_tinyfoa_comparable_errors_at_chance_are_not_comparable(tinyfoa):
+    rows = _tinyfoa_rows(tinyfoa)
+    for m in (2, 4, 8, 16):
+        rows = _set(rows, "Fig. 4", "TinyFoA", f"MNIST, FC, M={m}, E=10", 90.0)
+    for method in ("TinyFoA-BW-BA", "BP+V"):
+        rows = _set(rows, "Table 2", method, "MNIST", 90.0)
+    verdicts = _verdicts(tinyfoa.ledger(rows, quick=False, cfg=_TF_CFG))
+    assert not verdicts["tinyfoa-fig4-fc-flat"] and not verdicts["tinyfoa-t2-v-on-par-bp"]
+
+
 def test_tinyfoa_memory_rules_fail_on_a_wrong_cell_or_measurement(tinyfoa):
     rows = _set(_tinyfoa_rows(tinyfoa), "Table 1", "BP", "paper FC 4×2048, M=2", 50.0,
                 metric="forward (MB)")
