@@ -739,7 +739,8 @@ def run(quick: bool):
         "values in the text, so the m table has no paper column",
         "landscape: LP decoder (15,690 weights) on 1000 hard-Gaussian-noise images, "
         f"{min(cfg['ood_epochs'], 30)} epochs at the ablation's rates (BP fp32's for BP, FF "
-        "fp32's for every FF run, chosen on the held-out fifth), trajectories recorded every step; contours of the training loss around the "
+        "fp32's for every FF run, chosen on the held-out fifth), trajectories recorded every "
+        "step; contours of the training loss around the "
         "named run's final weights (trajectory-PCA plane, Li et al. 2018 §7); paper Fig. 6 "
         "reports test errors BP D-VPT 7.02%, FF D-VPT 11.06%, 16w8a D-VPT 11.38%, 8w8a LP "
         "51.35% / D-VPT 52.98% (not converged)",

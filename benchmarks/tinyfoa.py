@@ -91,8 +91,8 @@ def _settings(quick: bool) -> dict:
     image-set learning-rate sweep's training images and epochs (None: as the final runs).
 
     Full mode fits about 2.5 h on 2 cores: MNIST and MIT-BIH only (the paper reports no
-    Fashion-MNIST), 8 epochs (MIT-BIH 30), the sweep on 10,000 images for 2 epochs (MIT-BIH's sweep runs
-    at the full budget; it is cheap)."""
+    Fashion-MNIST), 8 epochs (MIT-BIH 30), the sweep on 10,000 images for 2 epochs
+    (MIT-BIH's sweep runs at the full budget; it is cheap)."""
     if quick:
         return dict(train=8000, val=2000, test=2000, width=256, epochs=3, batch=64,
                     seeds=(0, 1, 2), lr_grid=(1 / 3, 1.0, 3.0),
