@@ -498,7 +498,7 @@ def test_bench_slices_ablation_scales_epochs_with_slices_in_full_mode_only():
     # equal steps per slice: M² slices for FC, M for LC
     assert [mod._slices_epochs(full, "fc", m) for m in (2, 4, 8, 16)] == [e, 4 * e, 16 * e, 64 * e]
     assert [mod._slices_epochs(full, "lc", m) for m in (2, 4, 8, 16)] == [e, 2 * e, 4 * e, 8 * e]
-    assert "full mode does" in mod._slices_note(quick)
+    assert "Full mode scales the training length" in mod._slices_note(quick)
     assert "per slice fixed" in mod._slices_note(full)
     for cfg in (quick, full):
         assert "mitbih" in cfg["datasets"] and "mitbih" in cfg["table2_datasets"]
@@ -515,9 +515,9 @@ def test_mitbih_job_uses_five_classes_and_168_inputs(monkeypatch):
     assert experiment.n_classes("mitbih") == 5 and experiment.n_classes("mnist") == 10
     assert experiment.default_lr("PEPITA+BW", "mitbih") == 0.06
     assert experiment.default_lr("PEPITA+BW", "mnist") == experiment.default_lr("PEPITA+BW")
-    x, y, xt, yt = experiment._data("mitbih", 300, 100)
+    x, y, xv, yv, xt, yt = experiment._data("mitbih", 300, 100, 642)
     assert x.shape == (300, 168) and xt.shape == (100, 168) and x.dtype == torch.float32
-    assert int(y.max()) == 4 and int(yt.min()) == 0
+    assert xv.shape == (642, 168) and int(y.max()) == 4 and int(yt.min()) == 0
     seen = {}
     import bpfree.tinyfoa as tf
 

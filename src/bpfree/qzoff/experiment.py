@@ -52,6 +52,10 @@ from .trainer import QZOFF, QZOFFConfig
 __all__ = [
     "PRECISIONS",
     "BPAdamW",
+    "alignment_task",
+    "estimate_alignment",
+    "expected_alignment",
+    "fewshot_diagnostic",
     "build_backbone",
     "ff_config",
     "fewshot_chunk",
@@ -293,7 +297,8 @@ FEWSHOT_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
 
 def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int, m: int,
-                    seed: int, temperature, feats: dict) -> tuple[float, int]:
+                    seed: int, temperature, feats: dict, ff_overrides: dict | None = None
+                    ) -> tuple[float, int]:
     """Query accuracy (%) of one method on one episode, and its per-sample forwards.
 
     Every trained method starts from the prototype-initialised episode head with logit scale
@@ -301,7 +306,9 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
     (betas 0.9 / 0.95, cosine decay to 0, :func:`train_head`): BP FT / FF FT train the whole
     backbone + head and classify the queries with ProtoNet on the adapted features; BP LP /
     FF LP train the head on the frozen features and classify with it. ``feats``: a cache of
-    the frozen support / query features per precision, filled on demand."""
+    the frozen support / query features per precision, filled on demand; ``ff_overrides``:
+    extra :class:`QZOFFConfig` fields of the FF rows (e.g. ``{"eps": 1e-2}``)."""
+    ffo = ff_overrides or {}
     n_way = ep.n_way
     n_s = len(ep.support_y)
     qy = ep.query_y
@@ -322,7 +329,7 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
     if mth in ("BP FT", "FF FT"):
         model = with_episode_head(backbone, ep, temperature=temperature)
         method = "bp" if mth == "BP FT" else "ff"
-        cfg = None if method == "bp" else ff_config("fp32", m=m, seed=seed)
+        cfg = None if method == "bp" else ff_config("fp32", m=m, seed=seed, **ffo)
         out = train_head(model, method, ep.support_x, ep.support_y, epochs=steps,
                          batch_size=n_s, lr=lr, seed=seed, config=cfg)
         fn = feature_function(out["model"])
@@ -333,7 +340,7 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
         fs, fq = frozen(prec)
         head = prototype_head(fs, ep.support_y, n_way, temperature)
         method = "bp" if mth == "BP LP" else "ff"
-        cfg = None if method == "bp" else ff_config(prec, m=m, seed=seed)
+        cfg = None if method == "bp" else ff_config(prec, m=m, seed=seed, **ffo)
         out = train_head(head, method, fs, ep.support_y, epochs=steps, batch_size=n_s, lr=lr,
                          seed=seed, config=cfg)
         return score(out["model"](fq).argmax(1)), out["forwards"]
@@ -429,6 +436,89 @@ def fewshot_validate(state: dict, num_classes: int, kind: str, classes, *, metho
             "episodes": episodes}
 
 
+def estimate_alignment(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, m: int = 3,
+                       eps: float = 1e-3, draws: int = 8, seed: int = 0) -> float:
+    """Mean cosine between the fp32 sign-m-SPSA estimate (QZO-FF Eq. 3) at ``model``'s
+    weights and the true gradient of the mean cross-entropy on ``(x, y)``, over ``draws``
+    independent direction sets. For Gaussian directions in ``d`` dimensions it is about
+    ``sqrt(2m / (π d))`` (:func:`expected_alignment`): the estimate's direction, not its
+    length, limits what a step can do."""
+    model = copy.deepcopy(model)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = nn.functional.cross_entropy(model(x), y)
+    g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params)])
+    cos = []
+    for k in range(draws):
+        est = QZOFF(model, ff_config("fp32", m=m, eps=eps, seed=seed * 1009 + k)).estimate(x, y)
+        v = torch.cat([t.reshape(-1) for t in est.grads])
+        cos.append(float(v @ g) / max(float(v.norm() * g.norm()), 1e-30))
+    return float(np.mean(cos))
+
+
+def expected_alignment(m: int, d: int) -> float:
+    """``E cos(ĝ, ∇L) ≈ sqrt(2m / (π d))`` for sign-m-SPSA with ``N(0, I_d)`` directions
+    (``E|zᵀg| = sqrt(2/π)·|g|``, ``|ĝ| ≈ sqrt(d/m)``), large ``d``."""
+    return math.sqrt(2 * m / (math.pi * d))
+
+
+def fewshot_diagnostic(state: dict, num_classes: int, kind: str, classes, *, lrs: dict,
+                       episodes: int, steps: int, lp_steps: int | None = None, m: int = 3,
+                       eps_values=(1e-3, 1e-2, 1e-1), draws: int = 4, n_way: int = 5,
+                       k_shot: int = 5, n_query: int = 15, seed: int = 0,
+                       temperature: float | str = "loo", split: str = "train") -> dict:
+    """Is ε too small for FF to change a prediction? On ``episodes`` *validation* episodes
+    (as :func:`fewshot_validate`), FF FT and FF LP at their chosen rates ``lrs`` for every ε
+    of ``eps_values``, and BP FT / BP LP for reference: mean query accuracy, the number of
+    episodes whose accuracy differs from zero-shot, and the cosine between the first step's
+    FF estimate and the true support-loss gradient (:func:`estimate_alignment`).
+
+    Returns ``{"zero_shot", "episodes", "dims": {method: d}, "methods": {method: {eps (str;
+    "-" for BP): {"accuracy", "changed", "cosine"}}}}``."""
+    torch.set_num_threads(1)
+    eps_all = _fewshot_episodes(kind, classes, split, episodes, n_way, k_shot, n_query, seed)
+    backbone = build_backbone(num_classes, state)
+    plan = {"BP FT": [None], "FF FT": list(eps_values), "BP LP": [None],
+            "FF LP": list(eps_values)}
+    acc = {mth: {e: [] for e in v} for mth, v in plan.items()}
+    cos = {mth: {e: [] for e in v} for mth, v in plan.items() if mth.startswith("FF")}
+    dims: dict = {}
+    zero = []
+    for e_i, ep in enumerate(eps_all):
+        feats: dict = {}
+        zero.append(_fewshot_method("zero-shot", backbone, ep, lr=0.0, steps=steps, m=m,
+                                    seed=seed + e_i, temperature=temperature, feats=feats)[0])
+        for mth, eps_list in plan.items():
+            for eps in eps_list:
+                acc[mth][eps].append(_fewshot_method(
+                    mth, backbone, ep, lr=lrs[mth], steps=_steps_of(mth, steps, lp_steps),
+                    m=m, seed=seed + e_i, temperature=temperature, feats=feats,
+                    ff_overrides=None if eps is None else {"eps": eps})[0])
+                if eps is None:
+                    continue
+                if mth == "FF FT":
+                    model, x = (with_episode_head(backbone, ep, temperature=temperature),
+                                ep.support_x)
+                else:
+                    fs = feats["fp32"][0]
+                    model, x = prototype_head(fs, ep.support_y, n_way, temperature), fs
+                dims[mth] = sum(p.numel() for p in model.parameters())
+                cos[mth][eps].append(estimate_alignment(model, x, ep.support_y, m=m, eps=eps,
+                                                        draws=draws, seed=seed + e_i))
+    out = {}
+    for mth, per in acc.items():
+        out[mth] = {}
+        for eps, v in per.items():
+            key = "-" if eps is None else f"{eps:g}"
+            out[mth][key] = {"accuracy": float(np.mean(v)),
+                             "changed": int(sum(a != z for a, z in zip(v, zero, strict=True))),
+                             "cosine": (float(np.mean(cos[mth][eps])) if eps is not None
+                                        else None)}
+    return {"zero_shot": float(np.mean(zero)), "episodes": episodes, "dims": dims,
+            "methods": out}
+
+
 # --------------------------------------------------------------------------- OOD (§4.3)
 
 def ood_data(corruption: str, severity: int, *, n_train: int = 1000, n_test: int = 1000,
@@ -448,7 +538,8 @@ def ood_data(corruption: str, severity: int, *, n_train: int = 1000, n_test: int
 
 
 def _variant_config(variant: dict, seed: int) -> QZOFFConfig:
-    kw = {k: v for k, v in variant.items() if k not in ("method", "precision", "label", "lr")}
+    kw = {k: v for k, v in variant.items()
+          if k not in ("method", "precision", "label", "lr", "lrs")}
     return ff_config(variant.get("precision", "fp32"), seed=seed, **kw)
 
 
@@ -476,9 +567,10 @@ def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epo
     corrupted task.
 
     ``variants``: ``{label: {"method": "bp" | "ff" | "zero-shot", "precision": ...,
-    **QZOFFConfig overrides, optional "lr"}}``. Each variant's learning rate is its ``"lr"``,
-    else ``select_lr[label]`` names another variant whose chosen rate it shares, else it is
-    chosen from ``lrs`` on a held-out fifth of the adaptation images; then it trains the
+    **QZOFFConfig overrides, optional "lr", optional "lrs"}}``. Each variant's learning rate
+    is its ``"lr"``, else ``select_lr[label]`` names another variant whose chosen rate it
+    shares, else it is chosen from its ``"lrs"`` (default ``lrs``) on a held-out fifth of the
+    adaptation images; then it trains the
     pretrained decoder once per seed on all ``n_train`` images and is tested on the corrupted
     test images. Returns ``{label: {"accuracy": [per seed], "lr", "lr_scores", "loss" (seed
     0 curve), "forwards", "seconds", "eps_underflow"}}`` plus ``"_meta"``.
@@ -513,8 +605,8 @@ def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epo
         elif label in select_lr:
             lr, scores = chosen[select_lr[label]], {}
         else:
-            lr, scores = _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size,
-                                    data_seed)
+            lr, scores = _select_lr(head, variant, ftr, ytr, variant.get("lrs", lrs), epochs,
+                                    batch_size, data_seed)
         chosen[label] = lr
         res = {"accuracy": [], "lr": lr, "lr_scores": {str(k): v for k, v in scores.items()},
                "seeds": list(seeds)}
@@ -533,6 +625,24 @@ def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epo
                     "n_test": n_test, "data_seed": data_seed,
                     "seconds": time.perf_counter() - t_all}
     return out
+
+
+def alignment_task(state: dict, corruption: str, severity: int, *, m_values=(1, 3, 10),
+                   eps: float = 1e-3, draws: int = 16, batch_size: int = 100,
+                   n_train: int = 1000, data_seed: int = 0) -> dict:
+    """:func:`estimate_alignment` of the pretrained linear decoder on one batch of a corrupted
+    adaptation set, for every ``m``: ``{"cosine": {m: mean}, "expected": {m: sqrt(2m/πd)},
+    "dims": d}`` -- what averaging m directions buys per step."""
+    torch.set_num_threads(1)
+    (xtr, ytr), _ = ood_data(corruption, severity, n_train=n_train, n_test=1, seed=data_seed)
+    backbone = build_backbone(10, state)
+    head = nn.Sequential(copy.deepcopy(backbone[-1]))
+    ftr = frozen_features(backbone, xtr[:batch_size])
+    d = sum(p.numel() for p in head.parameters())
+    return {"cosine": {str(m): estimate_alignment(head, ftr, ytr[:batch_size], m=m, eps=eps,
+                                                  draws=draws, seed=data_seed)
+                       for m in m_values},
+            "expected": {str(m): expected_alignment(m, d) for m in m_values}, "dims": d}
 
 
 # --------------------------------------------------------------------------- landscape (App. E)
@@ -596,7 +706,8 @@ def landscape_task(state: dict, corruption: str, severity: int, runs: dict, path
 # --------------------------------------------------------------------------- pool entry
 
 TASKS = {"pretrain": pretrain, "fewshot": fewshot_chunk, "fewshot_validate": fewshot_validate,
-         "ood": ood_task, "landscape": landscape_task}
+         "fewshot_diagnostic": fewshot_diagnostic, "ood": ood_task, "alignment": alignment_task,
+         "landscape": landscape_task}
 
 
 def run_task(task: tuple[str, dict]) -> dict:

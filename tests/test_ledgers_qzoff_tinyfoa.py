@@ -1,0 +1,274 @@
+"""The claim-ledger rules of ``bench qzo-ff`` and ``bench tinyfoa``: on rows holding the
+papers' own numbers every rule says the claim holds, and moving the one number a claim is
+about makes that rule (and only the rules that read it) say it fails."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from bpfree.bench.runner import load_module
+
+
+@pytest.fixture(scope="module")
+def tinyfoa():
+    return load_module("tinyfoa")
+
+
+@pytest.fixture(scope="module")
+def qzoff():
+    return load_module("qzo_ff")
+
+
+# --------------------------------------------------------------------------- TinyFoA
+
+_TF_CFG = dict(datasets=("mnist", "mitbih"), table2_datasets=("mnist", "mitbih"),
+               seeds=(0, 1, 2), width=2048, train=60000, epochs=100, slices_epochs=2)
+
+
+def _tinyfoa_rows(mod) -> list[dict]:
+    """Rows in the benchmark's schema with the paper's errors (std 0.1) and memory cells."""
+    from bpfree.tinyfoa import PAPER_TABLE1, TABLE1, TABLE2, lc_shape, paper_table1, phase_mb
+    from bpfree.tinyfoa.experiment import LC_SPEC
+
+    rows = []
+
+    def add(table, method, setting, metric, value, paper=None):
+        rows.append(dict(table=table, method=method, setting=setting, metric=metric,
+                         value=float(value), paper=paper))
+
+    mem = paper_table1()
+    for name in (*TABLE1, *TABLE2):
+        table = "Table 1" if name in TABLE1 else "Table 2"
+        for ds, paper in (("MNIST", mod.PAPER_MNIST[name]), ("MIT-BIH",
+                                                              mod.PAPER_MITBIH[name][0])):
+            add(table, name, ds, "error (%)", paper, paper)
+            add(table, name, ds, "error std (%)", 0.1)
+        for col, ref in zip(("forward", "gradient", "update", "comp"), PAPER_TABLE1[name]):
+            add(table, name, "paper FC 4×2048, M=2", f"{col} (MB)", mem[name][col], ref)
+    c, size, specs = 1, 28, []
+    for o, k, st in LC_SPEC:
+        out = (size - k) // st + 1
+        specs.append((c, o, out * out, k))
+        c, size = o, out
+    for name, (err, *_) in mod.PAPER_LC.items():
+        add("Table 3", name, "MNIST, LC", "error (%)", err, err)
+        add("Table 3", name, "MNIST, LC", "error std (%)", 0.1)
+        for col, v in phase_mb(name, lc_shape(specs), m=2).items():
+            if col != "comp":
+                add("Table 3", name, "our LC net, M=2", f"{col} (MB)", v)
+    for arch, errs in (("FC", (2.1, 2.3, 2.2, 2.4)), ("LC", (2.9, 2.8, 2.7, 2.6))):
+        for m, err in zip((2, 4, 8, 16), errs):
+            add("Fig. 4", "TinyFoA", f"MNIST, {arch}, M={m}, E=10", "error (%)", err)
+            add("Fig. 4", "TinyFoA", f"MNIST, {arch}, M={m}, E=10", "error std (%)", 0.1)
+        for f, err in (("E", 2.1), ("2", 2.3)):
+            add("Fig. 5", "TinyFoA", f"MNIST, {arch}, F={f}, E=10", "error (%)", err)
+            add("Fig. 5", "TinyFoA", f"MNIST, {arch}, F={f}, E=10", "error std (%)", 0.1)
+    for m, rule, measured in ((1, 4.0, 4.1), (2, 1.0, 1.05)):
+        setting = f"FC 5×1024 (not in the paper), M={m}, batch 1"
+        add(mod.T_MEMCHECK, "TinyFoA-BW-BA", setting, "rule gradient (MB)", rule)
+        add(mod.T_MEMCHECK, "TinyFoA-BW-BA", setting, "measured step peak (MB)", measured)
+    return rows
+
+
+def _set(rows, table, method, setting, value, metric="error (%)"):
+    rows = copy.deepcopy(rows)
+    hits = [r for r in rows if (r["table"], r["method"], r["setting"], r["metric"])
+            == (table, method, setting, metric)]
+    assert len(hits) == 1, (table, method, setting, metric)
+    hits[0]["value"] = float(value)
+    return rows
+
+
+def _verdicts(claims) -> dict[str, bool | None]:
+    return {c["id"]: c["holds"] for c in claims}
+
+
+def test_tinyfoa_ledger_holds_on_the_papers_numbers(tinyfoa):
+    claims = tinyfoa.ledger(_tinyfoa_rows(tinyfoa), quick=False, cfg=_TF_CFG)
+    verdicts = _verdicts(claims)
+    assert all(verdicts.values()), {k: v for k, v in verdicts.items() if not v}
+    assert len(verdicts) == 18
+    # the paper-budget cfg carries no "Below the paper's budget" on the Fig. 4 claims
+    fig4 = next(c for c in claims if c["id"] == "tinyfoa-fig4-fc-flat")
+    assert "quick mode" not in fig4["note"]
+
+
+@pytest.mark.parametrize("edit, failing", [
+    # DRTP+BW+BA below TinyFoA on MNIST: the issue's reversed comparison
+    (("Table 1", "DRTP+BW+BA", "MNIST", 1.5), {"tinyfoa-t1-beats-forward-only-bwba"}),
+    (("Table 1", "TinyFoA", "MNIST", 27.1), {"tinyfoa-t1-error-mnist",
+                                             "tinyfoa-t1-on-par-bp-v"}),
+    (("Table 1", "BP", "MIT-BIH", 30.0), {"tinyfoa-t1-bp-best-baseline",
+                                          "tinyfoa-t2-bw-raises-error"}),
+    (("Table 1", "FF+BW+BA", "MNIST", 50.0), {"tinyfoa-t1-ba-collapse"}),
+    (("Table 1", "BP+BW", "MNIST", 1.0), {"tinyfoa-t2-bw-raises-error"}),
+    (("Table 2", "TinyFoA-V-BW", "MIT-BIH", 5.0), {"tinyfoa-t2-ba-raises-error"}),
+    (("Table 2", "TinyFoA-BW-BA", "MNIST", 6.0), {"tinyfoa-t2-v-on-par-bp"}),
+    (("Table 3", "TinyFoA", "MNIST, LC", 9.0), {"tinyfoa-t3-on-par-bp-v"}),
+    (("Fig. 4", "TinyFoA", "MNIST, FC, M=16, E=10", 85.0), {"tinyfoa-fig4-fc-flat"}),
+    (("Fig. 4", "TinyFoA", "MNIST, LC, M=16, E=10", 4.0), {"tinyfoa-fig4-lc-decreasing"}),
+    (("Fig. 5", "TinyFoA", "MNIST, LC, F=2, E=10", 9.0), {"tinyfoa-fig5-two-exchanges"}),
+])
+def test_tinyfoa_rule_fails_where_its_claim_fails(tinyfoa, edit, failing):
+    rows = _set(_tinyfoa_rows(tinyfoa), *edit)
+    verdicts = _verdicts(tinyfoa.ledger(rows, quick=False, cfg=_TF_CFG))
+    assert {k for k, v in verdicts.items() if not v} == failing
+
+
+def test_tinyfoa_comparable_errors_at_chance_are_not_comparable(tinyfoa):
+    rows = _tinyfoa_rows(tinyfoa)
+    for m in (2, 4, 8, 16):
+        rows = _set(rows, "Fig. 4", "TinyFoA", f"MNIST, FC, M={m}, E=10", 90.0)
+    for method in ("TinyFoA-BW-BA", "BP+V"):
+        rows = _set(rows, "Table 2", method, "MNIST", 90.0)
+    verdicts = _verdicts(tinyfoa.ledger(rows, quick=False, cfg=_TF_CFG))
+    assert not verdicts["tinyfoa-fig4-fc-flat"] and not verdicts["tinyfoa-t2-v-on-par-bp"]
+
+
+def test_tinyfoa_memory_rules_fail_on_a_wrong_cell_or_measurement(tinyfoa):
+    rows = _set(_tinyfoa_rows(tinyfoa), "Table 1", "BP", "paper FC 4×2048, M=2", 50.0,
+                metric="forward (MB)")
+    assert not _verdicts(tinyfoa.ledger(rows, quick=False, cfg=_TF_CFG))["tinyfoa-t1-memory"]
+    rows = _set(_tinyfoa_rows(tinyfoa), tinyfoa.T_MEMCHECK, "TinyFoA-BW-BA",
+                "FC 5×1024 (not in the paper), M=2, batch 1", 2.0,
+                metric="measured step peak (MB)")
+    assert not _verdicts(tinyfoa.ledger(rows, quick=False, cfg=_TF_CFG))[
+        "tinyfoa-memory-second-network"]
+
+
+def test_tinyfoa_ledger_marks_quick_budget(tinyfoa):
+    cfg = dict(_TF_CFG, slices_epochs=None, width=256)
+    claims = {c["id"]: c for c in tinyfoa.ledger(_tinyfoa_rows(tinyfoa), quick=True, cfg=cfg)}
+    assert "Below the paper's budget" in claims["tinyfoa-t1-error-mnist"]["note"]
+    assert "quick mode trains every M" in claims["tinyfoa-fig4-fc-flat"]["note"]
+
+
+def test_tinyfoa_validation_split_never_overlaps_training():
+    from bpfree.tinyfoa.experiment import split_indices
+
+    tr, va = split_indices(100, 60, 20, shuffle=False)
+    assert list(va) == list(range(80, 100)) and list(tr) == list(range(60))
+    tr, va = split_indices(100, None, 20, shuffle=True)
+    assert len(tr) == 80 and len(va) == 20 and not set(tr) & set(va)
+    with pytest.raises(ValueError, match="remain after the 20 validation"):
+        split_indices(100, 90, 20, shuffle=False)
+    with pytest.raises(ValueError, match="validation split"):
+        split_indices(100, None, 100, shuffle=False)
+
+
+def test_tinyfoa_choose_lr_takes_the_lowest_validation_error_and_the_smaller_on_ties(tinyfoa):
+    assert tinyfoa._choose_lr({0.1: 5.0, 0.3: 4.0, 0.9: 4.5}) == 0.3
+    assert tinyfoa._choose_lr({0.1: 4.0, 0.3: 4.0}) == 0.1
+
+
+# --------------------------------------------------------------------------- QZO-FF
+
+_DOMS = ("MNIST digits 5-9", "Fashion-MNIST (cross-domain)")
+
+
+def _qzoff_rows(mod) -> list[dict]:
+    rows = []
+
+    def add(table, method, setting, metric, value):
+        rows.append(dict(table=table, method=method, setting=setting, metric=metric,
+                         value=float(value), paper=None))
+
+    for dom in _DOMS:
+        for mth, acc in (("zero-shot", 60), ("BP FT", 70), ("BP LP", 69), ("FF FT", 67),
+                         ("FF LP", 66), ("FF LP 16w8a", 65.8)):
+            clf = "head" if "LP" in mth else "ProtoNet"
+            add(mod.T_FEW, mth, f"{dom}, {clf}", "accuracy (%)", acc)
+            if mth != "zero-shot":
+                add(mod.T_GAIN, mth, dom, "gain (points)", acc - 60)
+                add(mod.T_GAIN, mth, dom, "95% CI (±)", 1.0)
+                add(mod.T_GAIN, mth, dom, "episodes changed (of 100)", 80)
+        add(mod.T_EPS, "FF FT", f"{dom}, eps 0.001", "episodes changed (of 12)", 9)
+        add(mod.T_EPS, "FF FT", f"{dom}, eps 0.001", "gradient cosine (first step)", 0.01)
+    for level, sev in mod.SEVERITIES.items():
+        i = list(mod.SEVERITIES).index(level)
+        setting = f"{level} (severity {sev}), mean of 2 corruptions"
+        for label, (means, stds) in mod.PAPER_T5.items():
+            add(mod.T_OOD, label, setting, "accuracy (%)", means[i])
+            if stds is not None:
+                add(mod.T_OOD, label, setting, "std over seeds", stds[i])
+    add(mod.T_OOD, "Zero-shot", "hard: gaussian noise", "accuracy (%)", 48.5)
+    bits = {"BP fp32": 87.93, "FF fp32": 87.5, "FF fp16": 87.4, "FF 16w8a": 87.3,
+            "FF 16w8a, tight range (headroom 1)": 87.2, "FF 8w8a": 60.0,
+            "FF 8w8a, tight range (headroom 1)": 48.65}
+    setting = "Gaussian noise sev. 5, 100 epochs, lr 0.001 (FF), 5 seeds"
+    for label, acc in bits.items():
+        add(mod.T_BITS, label, setting, "accuracy (%)", acc)
+        add(mod.T_BITS, label, setting, "std over seeds", 0.5)
+    for m, acc in ((1, 86.0), (3, 87.22), (10, 87.5)):
+        add(mod.T_M, f"FF fp32, m={m}", setting, "accuracy (%)", acc)
+        add(mod.T_M, f"FF fp32, m={m}", setting, "std over seeds", 0.5)
+        add(mod.T_ALIGN, f"FF fp32, m={m}", "d", "cosine (measured)", 0.01 * m ** 0.5)
+    for label, mb in (("BP fp16 FT", 31.64), ("FF fp16 FT", 11.43), ("FF 16w8a sparse", 0.40),
+                      ("FF 16w8a FT", 5.0), ("BP 16w8a sparse", 15.0), ("FF 16w8a LP", 0.1)):
+        add(mod.T_MEM, label, "mnist-vit", "scratch (MB)", mb)
+    return rows
+
+
+def _qz_ledger(mod, rows):
+    return _verdicts(mod.ledger(rows, {"fewshot": "", "ood": ""}, 5))
+
+
+def test_qzoff_ledger_holds_on_paper_like_numbers(qzoff):
+    verdicts = _qz_ledger(qzoff, _qzoff_rows(qzoff))
+    assert all(verdicts.values()), {k: v for k, v in verdicts.items() if not v}
+    assert len(verdicts) == 13
+
+
+@pytest.mark.parametrize("edit, failing", [
+    # FF FT gains 0.1 with a 1-point interval: the issue's "FF ≈ zero-shot" case
+    ((lambda m: m.T_GAIN, "FF FT", "MNIST digits 5-9", 0.1, "gain (points)"),
+     {"qzoff-t2-ff-beats-zero-shot"}),
+    ((lambda m: m.T_FEW, "FF LP", "Fashion-MNIST (cross-domain), head", 60.0, "accuracy (%)"),
+     {"qzoff-t2-ff-within-5-of-bp", "qzoff-t2-quant-matches-fp"}),
+    ((lambda m: m.T_OOD, "FF, Sparse (90%)", "hard (severity 5), mean of 2 corruptions", 63.1,
+      "accuracy (%)"), {"qzoff-t5-sparse-matches-dense"}),
+    ((lambda m: m.T_OOD, "FF", "easy (severity 1), mean of 2 corruptions", 80.0,
+      "accuracy (%)"), {"qzoff-t5-ff-beats-zero-shot", "qzoff-t5-ff-near-bp",
+                        "qzoff-t5-sparse-matches-dense", "qzoff-t5-quant-matches-fp"}),
+    ((lambda m: m.T_BITS, "FF 8w8a, tight range (headroom 1)",
+      "Gaussian noise sev. 5, 100 epochs, lr 0.001 (FF), 5 seeds", 86.6, "accuracy (%)"),
+     {"qzoff-fig2-8w8a-no-convergence"}),
+    ((lambda m: m.T_M, "FF fp32, m=3", "Gaussian noise sev. 5, 100 epochs, lr 0.001 (FF), "
+      "5 seeds", 86.1, "accuracy (%)"), {"qzoff-fig2-m3-gain"}),
+    ((lambda m: m.T_MEM, "FF fp16 FT", "mnist-vit", 20.0, "scratch (MB)"),
+     {"qzoff-fig3-ff-scratch"}),
+    ((lambda m: m.T_MEM, "FF 16w8a FT", "mnist-vit", 0.2, "scratch (MB)"),
+     {"qzoff-fig3-sparse-quant-smallest"}),
+])
+def test_qzoff_rule_fails_where_its_claim_fails(qzoff, edit, failing):
+    table, method, setting, value, metric = edit
+    rows = _set(_qzoff_rows(qzoff), table(qzoff), method, setting, value, metric=metric)
+    verdicts = _qz_ledger(qzoff, rows)
+    assert {k for k, v in verdicts.items() if not v} == failing
+
+
+def test_qzoff_budget_notes_name_what_is_below_the_paper(qzoff):
+    quick = qzoff.paper_budget(qzoff._settings(True))
+    assert quick["fewshot"].startswith("Below the paper's budget") and "200" in quick["fewshot"]
+    assert "3 seeds (paper 5 runs)" in quick["ood"]
+    full = qzoff.paper_budget(qzoff._settings(False))
+    assert full == {"fewshot": "", "ood": ""}
+
+
+def test_qzoff_estimate_alignment_grows_with_m_like_sqrt_m():
+    import torch
+    from torch import nn
+
+    from bpfree.qzoff.experiment import estimate_alignment, expected_alignment
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(50, 4))
+    x, y = torch.randn(64, 50), torch.randint(0, 4, (64,))
+    d = 50 * 4 + 4
+    c1 = estimate_alignment(model, x, y, m=1, draws=200)
+    c10 = estimate_alignment(model, x, y, m=10, draws=200)
+    assert c1 == pytest.approx(expected_alignment(1, d), rel=0.3)
+    assert c10 == pytest.approx(expected_alignment(10, d), rel=0.3)
+    assert c10 > 2 * c1
