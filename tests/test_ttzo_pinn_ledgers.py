@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from bpfree.bench.claims import validate_claims
 
@@ -115,10 +116,10 @@ def test_ttzo_lr_search_gives_every_run_the_same_candidates_and_picks_the_best()
     fake = {("tt6", "fo", f): {"log": {"val_acc": [acc]}, "task": {"lr": 0.1 * f}}
             for f, acc in zip(tt_zo.LR_FACTORS, (50.0, 80.0, float("nan")))}
     assert tt_zo._pick_lrs(fake) == {("tt6", "fo"): pytest.approx(0.1)}
-    # the final model is scored, not the run's peak: a collapse at the end loses
+    # the run's best validation epoch is scored (the reported model is that epoch's)
     collapse = {("tt6", "hybrid", f): {"log": {"val_acc": acc}, "task": {"lr": 0.1 * f}}
                 for f, acc in zip(tt_zo.LR_FACTORS, ([40.0, 45.0], [50.0, 55.0], [60.0, 9.7]))}
-    assert tt_zo._pick_lrs(collapse) == {("tt6", "hybrid"): pytest.approx(0.1)}
+    assert tt_zo._pick_lrs(collapse) == {("tt6", "hybrid"): pytest.approx(0.3)}
     # a tie keeps the smaller lr
     tie = {("tt6", "fo", f): {"log": {"val_acc": [70.0]}, "task": {"lr": 0.1 * f}}
            for f in tt_zo.LR_FACTORS}
@@ -230,3 +231,35 @@ def test_pinn_derivative_errors_are_small_for_fd_on_a_smooth_network():
     assert set(errors) == {"FD", "SE", "SG"}
     assert errors["FD"]["gradient"] < 1e-2      # central differences at h = 0.01: O(h^2)
     assert all(e["laplacian"] >= 0 for e in errors.values())
+
+
+def test_train_keep_best_restores_the_best_validation_epoch():
+    """Early stopping on validation: a method that wrecks its model in the last epoch ends
+    with the weights of its best validation epoch, and the log says which epoch that was."""
+    from bpfree.ttzo.train import train
+
+    class Wrecker:
+        def __init__(self):
+            self.model = torch.nn.Linear(2, 2)
+            with torch.no_grad():
+                self.model.weight.copy_(torch.eye(2))
+                self.model.bias.zero_()
+            self.forwards, self.epoch = 0, 0
+
+        def step(self, x, y, lr):
+            return {"loss": 0.0}
+
+        def end_epoch(self, loss):
+            self.epoch += 1
+            if self.epoch == 2:  # the third epoch's evaluation sees a broken model
+                with torch.no_grad():
+                    self.model.weight.copy_(-torch.eye(2))
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 4)
+    y = torch.tensor([0, 1] * 4)
+    m = Wrecker()
+    log = train(m, x, y, epochs=3, batch_size=4, x_val=x, y_val=y, keep_best=True)
+    assert log.val_acc[-1] == 0.0 and log.best_epoch == 0
+    assert torch.equal(m.model.weight, torch.eye(2))
+    with pytest.raises(ValueError, match="validation"):
+        train(Wrecker(), x, y, epochs=1, keep_best=True)

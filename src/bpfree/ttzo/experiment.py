@@ -154,9 +154,11 @@ def run_task(task: dict) -> dict:
                 batch_size=int(task.get("batch_size", 64)), lr=float(task.get("lr", 1e-3)),
                 gamma=float(task.get("gamma", 0.9)), decay_every=int(task.get("decay_every", 10)),
                 x_val=xv.to(device), y_val=yv.to(device), seed=seed,
-                max_steps_per_epoch=task.get("max_steps_per_epoch"), on_nonfinite="stop")
+                max_steps_per_epoch=task.get("max_steps_per_epoch"), on_nonfinite="stop",
+                keep_best=True)
     seconds = time.perf_counter() - t0
-    # the untouched test split, once, on the final model (selection used validation only)
+    # The untouched test split, once, on the model of the best validation epoch (early
+    # stopping on validation: the hybrid's CGE stage can collapse a model late in a run).
     test_acc = accuracy(method.model, xt.to(device), yt.to(device))
     out = {"log": log.as_dict(), "params": int(params), "seconds": seconds,
            "test_acc": float(test_acc),

@@ -10,6 +10,7 @@ read off the log with :func:`queries_to_accuracy`.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ class TrainLog:
     step_loss: list[float] = field(default_factory=list)
     switch_epoch: int | None = None
     diverged: str | None = None
+    best_epoch: int | None = None
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -45,18 +47,24 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
           lr: float = 1e-3, gamma: float = 0.9, decay_every: int = 10,
           x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
           seed: int = 0, max_steps_per_epoch: int | None = None,
-          on_nonfinite: str = "raise") -> TrainLog:
+          on_nonfinite: str = "raise", keep_best: bool = False) -> TrainLog:
     """Train for ``epochs`` with ``lr·gamma^(epoch // decay_every)`` (TT-ZO §5.1).
 
     ``max_steps_per_epoch`` truncates every epoch (quick runs). A non-finite step loss
     (central CGE reports NaN by design and is allowed) raises FloatingPointError, or with
     ``on_nonfinite="stop"`` ends training and returns the log so far with ``diverged`` set
     (a benchmark then reports the run as diverged instead of losing every other run).
+
+    ``keep_best`` (needs ``x_val``): at the end, ``method.model`` holds its weights from the
+    epoch with the best validation accuracy (the earliest on ties), i.e. early stopping
+    decided on validation data only; ``log.best_epoch`` says which.
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
     if on_nonfinite not in ("raise", "stop"):
         raise ValueError(f"on_nonfinite must be 'raise' or 'stop', got {on_nonfinite!r}")
+    if keep_best and (x_val is None or y_val is None):
+        raise ValueError("keep_best needs a validation split (x_val, y_val)")
     schedule = exponential(gamma, decay_every)
     log = TrainLog()
     n = x.shape[0]
@@ -99,8 +107,13 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
         log.phase.append(phase)
         if x_val is not None and y_val is not None:
             log.val_acc.append(accuracy(method.model, x_val, y_val))
+            if keep_best and log.val_acc[-1] > max(log.val_acc[:-1], default=-math.inf):
+                best_state = copy.deepcopy(method.model.state_dict())
+                log.best_epoch = len(log.val_acc) - 1
         if log.diverged is not None:
             break
+    if keep_best and log.best_epoch is not None:
+        method.model.load_state_dict(best_state)
     log.seconds = time.perf_counter() - t0
     return log
 
