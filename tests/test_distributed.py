@@ -182,7 +182,10 @@ def test_zo_one_worker_is_plain_zooptimizer_and_workers_agree(tiny):
         opt.step(Objective(plain, x[s * 24:(s + 1) * 24], y[s * 24:(s + 1) * 24]))
     assert _zo_run(_float_model(), x, y, SingleProcess(), rge(4)) == weights_digest(plain)
     for est in (rge(4), sign_spsa(3)):
-        a, b = run_threads(2, lambda c, est=est: _zo_run(_float_model(), x, y, c, est))
+        # Built before the threads start: _float_model seeds torch's global generator, and two
+        # threads drawing from it at once get different initial weights.
+        models = [_float_model(), _float_model()]
+        a, b = run_threads(2, lambda c, est=est: _zo_run(models[c.rank], x, y, c, est))
         assert a == b
 
 
