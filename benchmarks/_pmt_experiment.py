@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from bpfree.bench.parallel import run_named_task
 from bpfree.harness import accuracy, fit, holdout_split
 from bpfree.pmt.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from bpfree.pmt.diagnostic import gradient_cosines
@@ -322,11 +323,4 @@ TASKS = {"select": task_select, "bp": task_bp, "pmt": task_pmt, "mezo": task_mez
 
 def run_task(task: tuple[str, dict]) -> dict:
     """Process-pool entry point: ``(kind, kwargs)`` on one CPU thread; returns a plain dict."""
-    torch.set_num_threads(1)
-    kind, kwargs = task
-    if kind not in TASKS:
-        raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(TASKS)}")
-    t0 = time.perf_counter()
-    out = TASKS[kind](**kwargs)
-    out["task_seconds"] = time.perf_counter() - t0
-    return out
+    return run_named_task(TASKS, task, seconds_key="task_seconds")

@@ -1,13 +1,9 @@
 """Test-wide set-up: the benchmarks' shared helper modules (benchmarks/_*.py, the experiment
-drivers that are not library code) import by name, as they do under ``bpfree bench``.
-
-Appended, not prepended (pytest's ``pythonpath`` option prepends): benchmarks/tflite.py must
-not shadow the installed ``tflite`` package.
+drivers that are not library code) import by name, as they do under ``bpfree bench``, through
+the runner's own mechanism (appended to ``sys.path``: pytest's ``pythonpath`` option prepends,
+and benchmarks/tflite.py would then shadow the installed ``tflite`` package).
 """
 
-import sys
-from pathlib import Path
+from bpfree.bench.runner import benchmarks_dir, share_helpers
 
-_BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
-if _BENCHMARKS not in sys.path:
-    sys.path.append(_BENCHMARKS)
+share_helpers(benchmarks_dir())

@@ -13,9 +13,11 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
@@ -110,3 +112,18 @@ def pool_device(workers: int) -> str:
     from .environment import cpu_model
 
     return f"cpu: {cpu_model()}, {workers} worker processes x 1 thread"
+
+
+def run_named_task(tasks: Mapping[str, Callable[..., dict]], task: tuple[str, dict], *,
+                   seconds_key: str) -> dict:
+    """Process-pool entry point shared by experiment drivers: ``task = (kind, kwargs)`` runs
+    ``tasks[kind](**kwargs)`` on one CPU thread (the pool supplies the parallelism) and adds
+    its wall time under ``seconds_key``."""
+    torch.set_num_threads(1)
+    kind, kwargs = task
+    if kind not in tasks:
+        raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(tasks)}")
+    t0 = time.perf_counter()
+    out = tasks[kind](**kwargs)
+    out[seconds_key] = time.perf_counter() - t0
+    return out

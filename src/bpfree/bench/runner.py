@@ -145,11 +145,11 @@ def load_module(stem: str, directory: str | os.PathLike | None = None):
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in folder.glob("*.py"))) or "(none)"
         raise FileNotFoundError(f"no benchmark file {path}; files there: {known}")
-    _share_helpers(folder)
+    share_helpers(folder)
     return _import_file(path)
 
 
-def _share_helpers(folder: Path) -> None:
+def share_helpers(folder: Path) -> None:
     """Let benchmarks import the folder's helper modules (``_pmt_experiment.py``) by a plain
     import, here and in spawned workers (which inherit ``sys.path``); appended so that
     installed packages always win over a same-named file here."""
@@ -185,7 +185,7 @@ def discover(directory: str | os.PathLike | None = None) -> list[BenchmarkInfo]:
     folder = Path(directory) if directory is not None else benchmarks_dir()
     if not folder.is_dir():
         raise FileNotFoundError(f"benchmarks folder {str(folder)!r} is not a directory")
-    _share_helpers(folder)
+    share_helpers(folder)
     entries: dict[str, BenchmarkInfo] = {}
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):

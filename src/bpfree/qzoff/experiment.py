@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..bench.parallel import run_named_task
 from ..fewshot import (feature_function, protonet_predict, prototype_temperature,
                        sample_episodes, with_episode_head)
 from ..harness import fit
@@ -713,11 +714,4 @@ TASKS = {"pretrain": pretrain, "fewshot": fewshot_chunk, "fewshot_validate": few
 def run_task(task: tuple[str, dict]) -> dict:
     """Process-pool entry point: ``(kind, kwargs)`` with kind in :data:`TASKS`, run on one
     CPU thread; returns the task's dict with ``"wall_seconds"`` added."""
-    torch.set_num_threads(1)
-    kind, kwargs = task
-    if kind not in TASKS:
-        raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(TASKS)}")
-    t0 = time.perf_counter()
-    out = TASKS[kind](**kwargs)
-    out["wall_seconds"] = time.perf_counter() - t0
-    return out
+    return run_named_task(TASKS, task, seconds_key="wall_seconds")
