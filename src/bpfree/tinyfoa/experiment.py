@@ -3,7 +3,8 @@
 A job is a dict: ``dataset`` (an IDX kind, or ``"mitbih"``), ``method`` (a variant name),
 ``arch`` (``"fc"`` or ``"lc"``; LC needs images), ``m``, ``seed``, ``epochs``, ``batch``,
 ``train``/``test`` (sample counts; ``None`` = all), ``val`` (validation samples carved from
-the training split, default 0), ``width`` (FC hidden width), ``exchanges`` (``F``; None →
+the training split, default 0), ``width`` (FC hidden width), optional ``optimizer`` / ``layerwise`` /
+``schedule`` (TinyFoA's training regime, :class:`bpfree.tinyfoa.TinyFoA`; FC only), ``exchanges`` (``F``; None →
 ``visits`` × the slice count), ``visits``, optional ``lr`` and ``eval_on`` (``"test"``,
 default, or ``"val"``: a learning-rate sweep never sees the test split).
 :func:`run_job` returns ``(job, error %)`` on the split ``eval_on`` names.
@@ -133,9 +134,12 @@ def run_job(job: dict) -> tuple[dict, float]:
         slices = m if v.vertical else 1
     else:
         depth = 3 if v.base == "PEPITA" else 4
+        regime = {k: job[k] for k in ("optimizer", "layerwise", "schedule") if k in job}
         method = make_method(name, [x.shape[1]] + [job["width"]] * depth, classes, m=m,
-                             seed=seed)
-        slices = m * m if v.vertical else 1
+                             seed=seed, **regime)
+        slices = m * m if v.vertical and regime.get("schedule", "slice") == "slice" else 1
+        if regime.get("layerwise"):
+            slices *= depth           # every layer's phase visits each slice ``visits`` times
     f = job["exchanges"] if job["exchanges"] else job["visits"] * slices
     fit_epochs(method, x, y, epochs=job["epochs"], batch_size=job["batch"],
                lr=job.get("lr") or default_lr(name, job["dataset"]), exchanges=f, seed=seed)

@@ -87,6 +87,7 @@ class _SlicedLayer:
 
     def _init_storage(self, w: torch.Tensor, binary_weights: bool) -> None:
         self.binary_weights = binary_weights
+        self.adam = None                 # (betas, eps) once use_adam() is called
         self.numel = w.numel()
         self.slice_index = 0
         if binary_weights:
@@ -119,6 +120,8 @@ class _SlicedLayer:
             self.flash.write(self.slice_idx(self.slice_index), self.latent)
             self.latent = self.flash.read(self.slice_idx(k))
         self.slice_index = k
+        if self.adam is not None:
+            self.adam_state = {}
 
     def active_weight(self) -> torch.Tensor:
         """The active slice's full-precision weight (a view into ``weight`` without BW)."""
@@ -138,20 +141,46 @@ class _SlicedLayer:
         w[self.slice_idx(self.slice_index)] = self.latent
         return w
 
-    def _apply(self, dw: torch.Tensor, lr: float) -> None:
-        """``W^(i,j) −= η δW^(i,j)`` in place (Eq. 3); with binary weights the STE mask of
-        Eq. 5, the running ``Σ|W|`` and the slice's signs are updated without any temporary
-        larger than the slice."""
+    def _apply(self, dw: torch.Tensor, lr: float, keep: tuple | None = None) -> None:
+        """``W^(i,j) −= η δW^(i,j)`` in place (Eq. 3), or an Adam step on the active slice
+        (:meth:`use_adam`); with binary weights the STE mask of Eq. 5, the running ``Σ|W|``
+        and the slice's signs are updated without any temporary larger than the slice.
+        ``keep`` names a block of the active weight that the step must leave unchanged (the
+        authors' code schedule, :class:`TinyFoA` ``schedule="diagonal-freeze"``)."""
         w = self.active_weight()
+        kept = None if keep is None else w[keep].clone()
         if self.binary_weights:
             dw.masked_fill_((w > 1) | (w < -1), 0.0)
             old = float(torch.linalg.vector_norm(w, 1))
-            w.sub_(dw, alpha=lr)
+            w.sub_(self._direction("weight", dw, lr))
+            if kept is not None:
+                w[keep] = kept
             self.abs_sum += float(torch.linalg.vector_norm(w, 1)) - old
             signs = self.signs[self.slice_idx(self.slice_index)]
             signs.copy_(w >= 0).mul_(2).sub_(1)
         else:
-            w.sub_(dw, alpha=lr)
+            w.sub_(self._direction("weight", dw, lr))
+            if kept is not None:
+                w[keep] = kept
+
+    def use_adam(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        """Replace Eq. 3's SGD step by Adam (the optimizer of the authors' code). Its moments
+        cover only the active slice and are dropped at a data exchange: a device holds one
+        slice's state, not the layer's."""
+        self.adam = (betas, eps)
+        self.adam_state: dict = {}
+
+    def _direction(self, key: str, grad: torch.Tensor, lr: float) -> torch.Tensor:
+        """The step ``η·g`` (SGD) or Adam's bias-corrected ``η·m̂/(√v̂ + ε)``."""
+        if self.adam is None:
+            return grad * lr
+        (b1, b2), eps = self.adam
+        m, v, t = self.adam_state.get(key, (torch.zeros_like(grad), torch.zeros_like(grad), 0))
+        t += 1
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        self.adam_state[key] = (m, v, t)
+        return (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt_().add_(eps)) * lr
 
 
 class SlicedFC(_SlicedLayer):
@@ -191,12 +220,15 @@ class SlicedFC(_SlicedLayer):
             return self.alpha * (h @ self.signs.T) + self.bias
         return h @ self.weight.T + self.bias
 
-    def local_update(self, h_in: torch.Tensor, dz_rows: torch.Tensor, lr: float) -> None:
-        """Apply Eq. 3/5 for the active slice given ``δz^(j)`` ``[B, D_l/M]``."""
+    def local_update(self, h_in: torch.Tensor, dz_rows: torch.Tensor, lr: float,
+                     keep: tuple | None = None) -> None:
+        """Apply Eq. 3/5 for the active slice given ``δz^(j)`` ``[B, D_l/M]``; ``keep``: a
+        ``(rows, columns)`` block of the slice's weight left unchanged (the biases train, as
+        in the authors' code)."""
         rows, cols = self.blocks(self.slice_index)
         dw = dz_rows.T @ h_in[:, cols]
-        self._apply(dw, lr)
-        self.bias[rows] -= lr * dz_rows.sum(0)
+        self._apply(dw, lr, keep)
+        self.bias[rows] -= self._direction("bias", dz_rows.sum(0), lr)
 
     def out_block(self) -> slice:
         return self.blocks(self.slice_index)[0]
@@ -260,7 +292,7 @@ class SlicedLC(_SlicedLayer):
         dw = torch.einsum("bop,bcp->poc", dz, self.patches(h_in))
         self._apply(dw, lr)
         k = self.slice_index
-        self.bias[:, k * o:(k + 1) * o] -= lr * dz.sum(0).T
+        self.bias[:, k * o:(k + 1) * o] -= self._direction("bias", dz.sum(0).T, lr)
 
 
 class TinyFoA:
@@ -271,20 +303,52 @@ class TinyFoA:
     builds LC hidden layers instead. ``m`` is the slice count (used only when the variant
     has vertical training; ``M = 2`` by default as in §4.1). ``feedback_scale``: ``B_l``'s
     entries are uniform in ``±feedback_scale / sqrt(D_l)``.
+
+    The paper's text trains every layer at once with Eq. 3's SGD, one of the ``M × M``
+    slices at a time. The authors' public code differs in three ways, each available here
+    so that a benchmark can measure what it changes (defaults: the paper's text):
+
+    - ``optimizer="adam"``: Adam instead of SGD (:meth:`_SlicedLayer.use_adam`);
+    - ``layerwise=True``: greedy layer-wise training, one layer after another, each for an
+      equal share of the steps (the earlier layers frozen, the later ones not yet run);
+    - ``schedule="diagonal-freeze"`` (FC only): each phase holds *one diagonal block* of the
+      ``M × M`` grid fixed and trains the rest of the layer, so ``(M² − 1)/M²`` of the
+      weights train at once and the gradient is the whole layer's, not the ``1/M²`` that
+      Table 1's gradient and update columns count.
     """
+
+    OPTIMIZERS = ("sgd", "adam")
+    SCHEDULES = ("slice", "diagonal-freeze")
 
     def __init__(self, sizes: list[int] | None = None, n_classes: int = 10, *,
                  variant: str | Variant = "TinyFoA", m: int = 2, seed: int = 0,
                  lc: list[tuple[int, int, int]] | None = None,
-                 in_shape: tuple[int, int] | None = None, feedback_scale: float = 4.0) -> None:
+                 in_shape: tuple[int, int] | None = None, feedback_scale: float = 4.0,
+                 optimizer: str = "sgd", layerwise: bool = False,
+                 schedule: str = "slice") -> None:
         v = parse_variant(variant) if isinstance(variant, str) else variant
         if v.base != "TinyFoA":
             raise ValueError(f"TinyFoA runs the TinyFoA variants, got {v.name!r}")
         if n_classes < 2:
             raise ValueError(f"n_classes must be >= 2, got {n_classes}")
+        if optimizer not in self.OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {self.OPTIMIZERS}, got {optimizer!r}")
+        if schedule not in self.SCHEDULES:
+            raise ValueError(f"schedule must be one of {self.SCHEDULES}, got {schedule!r}")
+        if schedule == "diagonal-freeze" and (lc is not None or not v.vertical):
+            raise ValueError("schedule='diagonal-freeze' needs an FC network and a variant "
+                             f"with vertical training, got {v.name!r}"
+                             + (" with LC layers" if lc is not None else ""))
         self.variant, self.n_classes = v, n_classes
+        self.optimizer, self.layerwise, self.schedule = optimizer, bool(layerwise), schedule
         check_slices(m, {})          # M >= 1 even when the variant has no vertical training
         self.m = m if v.vertical else 1
+        # the authors' schedule trains the whole layer but one diagonal block: one "slice"
+        self.frozen_grid = self.m if schedule == "diagonal-freeze" else 1
+        if self.frozen_grid > 1:
+            self.m = 1
+        self.phase = 0
+        self.active_layer = 0
         self.forwards = 0
         g = torch.Generator().manual_seed(seed)
         self.layers: list = []
@@ -303,6 +367,14 @@ class TinyFoA:
             for n, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]), 1):
                 self.layers.append(SlicedFC(a, b, m=self.m, binary_weights=v.binary_weights,
                                             generator=g, name=f"hidden layer {n}"))
+        if self.frozen_grid > 1:
+            for layer in self.layers:
+                check_slices(self.frozen_grid, {f"{layer.in_features} inputs": layer.in_features,
+                                                f"{layer.out_features} outputs":
+                                                layer.out_features})
+        if optimizer == "adam":
+            for layer in self.layers:
+                layer.use_adam()
         # fixed random projections B_l (N_c × D_l), uniform ±feedback_scale/sqrt(D_l)
         self.projections = [(torch.rand(n_classes, layer.out_features, generator=g) * 2 - 1)
                             * feedback_scale / math.sqrt(layer.out_features)
@@ -321,10 +393,16 @@ class TinyFoA:
 
     def set_progress(self, step: int, total_steps: int, exchanges: int) -> None:
         """Slice schedule: ``exchanges`` (``F``) equal phases over ``total_steps``; phase ``f``
-        trains slice ``f`` (mod the slice count)."""
+        trains slice ``f`` (mod the slice count), or with ``schedule="diagonal-freeze"``
+        holds diagonal block ``f`` (mod ``M``) fixed. With ``layerwise`` the steps are also
+        cut into one equal share per layer, in order."""
         if exchanges < 1:
             raise ValueError(f"the number of data exchanges F must be >= 1, got {exchanges}")
-        self.set_slice(min(step * exchanges // max(total_steps, 1), exchanges - 1))
+        total = max(total_steps, 1)
+        self.phase = min(step * exchanges // total, exchanges - 1)
+        if self.layerwise:
+            self.active_layer = min(step * len(self.layers) // total, len(self.layers) - 1)
+        self.set_slice(self.phase)
 
     # -- training -------------------------------------------------------------------------
     @property
@@ -342,18 +420,31 @@ class TinyFoA:
         onehot = F.one_hot(y, self.n_classes).to(h.dtype)
         n = h.shape[0]
         losses = []
-        for layer, b in zip(self.layers, self.projections):
+        for index, (layer, b) in enumerate(zip(self.layers, self.projections)):
             z = layer.forward(h)
             out = activate(z, ba)
+            if self.layerwise and index < self.active_layer:
+                h = out                   # a frozen earlier layer: forward only
+                continue
             a = out @ b.T
             losses.append(float(F.cross_entropy(a, y)))
             da = (torch.softmax(a, -1) - onehot) / n
             rows = layer.out_block()
             dz = (da @ b[:, rows]) * activation_grad_mask(z[:, rows], ba)
-            layer.local_update(h, dz, lr)
+            layer.local_update(h, dz, lr, **self._keep(layer))
             h = out
+            if self.layerwise:
+                break                     # later layers are not trained yet
         self.forwards += n
         return {"loss": losses[-1], "local_losses": losses}
+
+    def _keep(self, layer) -> dict:
+        """``{"keep": block}``: the diagonal block that the authors' schedule holds fixed."""
+        if self.frozen_grid == 1:
+            return {}
+        p, g = self.phase % self.frozen_grid, self.frozen_grid
+        ro, ci = layer.out_features // g, layer.in_features // g
+        return {"keep": (slice(p * ro, (p + 1) * ro), slice(p * ci, (p + 1) * ci))}
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
