@@ -12,7 +12,7 @@ import copy
 from bpfree.bench.claims import claim
 from bpfree.distributed.cli import single_process
 from bpfree.distributed.ddp import ddp_bytes_per_step
-from bpfree.distributed.experiment import FleetOptions, build_setup
+from bpfree.distributed.fleet import FleetOptions, build_setup
 from bpfree.distributed.launch import launch
 
 NAME = "fleet"

@@ -409,9 +409,10 @@ def _memory_rows(batch_size: int, m: int):
 
 
 def run(quick: bool):
+    from _qzoff_experiment import FEWSHOT_METHODS, run_task
+
     from bpfree.fewshot import mean_confidence_interval
     from bpfree.memory import plot_scratch_vs_weights
-    from bpfree.qzoff.experiment import FEWSHOT_METHODS, run_task
 
     cfg = _settings(quick)
     seed = int(torch.initial_seed()) % (2**31)  # SEED, or bpfree bench --seed

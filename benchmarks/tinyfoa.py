@@ -458,8 +458,9 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
 
 
 def run(quick: bool):
+    from _tinyfoa_experiment import LC_SPEC, MITBIH, default_lr, run_job
+
     from bpfree.tinyfoa import PAPER_TABLE1, TABLE1, TABLE2, TABLE3, lc_shape, paper_table1
-    from bpfree.tinyfoa.experiment import LC_SPEC, MITBIH, default_lr, run_job
     from bpfree.tinyfoa.accounting import phase_mb
 
     cfg = _settings(quick)

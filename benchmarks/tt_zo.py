@@ -112,7 +112,7 @@ def _lr(method: str, quick: bool) -> float:
 
 
 def _tasks(cfg: dict, device: str, seed: int = SEED, lrs: dict | None = None) -> dict:
-    """Every run of one seed as a picklable task dict for :func:`bpfree.ttzo.experiment.run_task`.
+    """Every run of one seed as a picklable task dict for :func:`_ttzo_experiment.run_task`.
 
     ``lrs`` maps a (network, method) key to its learning rate (the search's winners); missing
     keys take :func:`_lr`.
@@ -213,7 +213,7 @@ def _cost(task: dict) -> float:
 
 
 def _run_all(tasks: dict, workers: int) -> dict:
-    from bpfree.ttzo.experiment import run_task
+    from _ttzo_experiment import run_task
 
     order = sorted(tasks, key=lambda k: -_cost(tasks[k]))
     return run_keyed(run_task, tasks, workers, order=order)
@@ -325,7 +325,9 @@ def _rge_diagnostic(cfg: dict) -> list[dict]:
     """
     import torch
 
-    from bpfree.ttzo.experiment import load_data, make_model
+    from _ttzo_experiment import load_data
+
+    from bpfree.ttzo import make_model
 
     x, y, *_ = load_data(cfg["n_train"], cfg["n_val"], None, cfg["n_test"])
     xb, yb = x[:256], y[:256]
@@ -470,7 +472,7 @@ def run(quick: bool):
 
     from bpfree.bench import describe_device
     from bpfree.tt import tt_mlp, tt_mlp_num_parameters
-    from bpfree.ttzo.experiment import compression_ratio
+    from bpfree.ttzo import compression_ratio
 
     t_start = time.perf_counter()
     cfg = _settings(quick)

@@ -106,3 +106,13 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as fh:  # a zombie has finished
         return fh.read().split()[2] != "Z"
+
+
+def test_spawned_workers_import_the_benchmark_helper_modules():
+    """The experiment drivers live in benchmarks/_*.py, not in the library: a spawn pool's
+    workers must unpickle their task functions, which they can only through the sys.path entry
+    share_helpers added in the parent (tests/conftest.py, as `bpfree bench` does)."""
+    import _tinyfoa_experiment as driver
+
+    out = run_keyed(driver.n_classes, {"a": "mitbih", "b": "fashion"}, workers=2)
+    assert out == {"a": 5, "b": 10}

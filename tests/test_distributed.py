@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bpfree.distributed import DataParallelPMT, DataParallelZO, SingleProcess, fixed_sum, from_fixed
-from bpfree.distributed.experiment import FleetOptions, train, weights_digest
+from bpfree.distributed.fleet import FleetOptions, train, weights_digest
 from bpfree.distributed.launch import FleetError, launch
 from bpfree.distributed.projection import mcunet_in1_dimensions, projection_table, step_bytes
 from bpfree.estimators import rge, sign_spsa

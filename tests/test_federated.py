@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bpfree.distributed import LedgerError, SeedLedger, late_client, run_federated
-from bpfree.distributed.experiment import weights_digest
+from bpfree.distributed.fleet import weights_digest
 from bpfree.distributed.federated import KILL_ENV, bytes_per_round
 from bpfree.pmt import PMTConfig
 
@@ -95,7 +95,7 @@ def test_killed_server_restarts_without_losing_a_committed_round(tmp_path):
     ledger = tmp_path / "ledger.json"
     script = SETUP + textwrap.dedent(f"""
         from bpfree.distributed import run_federated
-        from bpfree.distributed.experiment import weights_digest
+        from bpfree.distributed.fleet import weights_digest
         from bpfree.pmt import PMTConfig
         run_federated(model, PMTConfig(queries=2, perturbation="wp", seed=7), x, y, clients=3,
                       rounds=4, batch_size=8, lr=0.5, ledger_path={str(ledger)!r},

@@ -27,10 +27,6 @@ ROOT = SRC / "bpfree"
 
 #: Files still allowed imports inside functions (of bpfree or without a comment), with why.
 PENDING = {
-    # experiment drivers, to move to benchmarks/ (issue 15, "Experiment drivers")
-    "bpfree/qzoff/experiment.py": "experiment driver, moving to benchmarks/",
-    "bpfree/ttzo/experiment.py": "experiment driver, moving to benchmarks/",
-    "bpfree/tinyfoa/experiment.py": "experiment driver, moving to benchmarks/",
     # command front ends and modules under another issue's change
     "bpfree/cli.py": "command front end (another change in flight)",
     "bpfree/demo.py": "command front end (another change in flight)",

@@ -30,7 +30,7 @@ _TF_CFG = dict(datasets=("mnist", "mitbih"), table2_datasets=("mnist", "mitbih")
 def _tinyfoa_rows(mod) -> list[dict]:
     """Rows in the benchmark's schema with the paper's errors (std 0.1) and memory cells."""
     from bpfree.tinyfoa import PAPER_TABLE1, TABLE1, TABLE2, lc_shape, paper_table1, phase_mb
-    from bpfree.tinyfoa.experiment import LC_SPEC
+    from _tinyfoa_experiment import LC_SPEC
 
     rows = []
 
@@ -146,7 +146,7 @@ def test_tinyfoa_ledger_marks_quick_budget(tinyfoa):
 
 
 def test_tinyfoa_validation_split_never_overlaps_training():
-    from bpfree.tinyfoa.experiment import split_indices
+    from bpfree.data import split_indices
 
     tr, va = split_indices(100, 60, 20, shuffle=False)
     assert list(va) == list(range(80, 100)) and list(tr) == list(range(60))
@@ -261,7 +261,7 @@ def test_qzoff_estimate_alignment_grows_with_m_like_sqrt_m():
     import torch
     from torch import nn
 
-    from bpfree.qzoff.experiment import estimate_alignment, expected_alignment
+    from bpfree.qzoff import estimate_alignment, expected_alignment
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(50, 4))

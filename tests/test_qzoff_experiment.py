@@ -1,4 +1,5 @@
-"""Smoke tests of bpfree.qzoff.experiment (the helpers of `bpfree bench qzo-ff`): fast, tiny
+"""Smoke tests of benchmarks/_qzoff_experiment.py (the driver of `bpfree bench qzo-ff`) and the
+library pieces it uses (bpfree.qzoff.features, bpfree.fewshot.prototype_head): fast, tiny
 models, no MNIST files needed except where marked."""
 
 from __future__ import annotations
@@ -9,17 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from bpfree.qzoff import QZOFF
-from bpfree.qzoff.experiment import (
-    PRECISIONS,
-    BPAdamW,
-    build_backbone,
-    ff_config,
-    frozen_features,
-    prototype_head,
-    run_task,
-    train_head,
-)
+from _qzoff_experiment import BPAdamW, build_backbone, ff_config, run_task, train_head
+
+from bpfree.fewshot import prototype_head
+from bpfree.qzoff import PRECISIONS, QZOFF, frozen_features
 
 
 def _blobs(n=200, d=8, k=3, seed=0):
@@ -148,7 +142,7 @@ def test_fewshot_and_ood_tasks_on_mnist():
     from bpfree.data import require_data_root
 
     require_data_root("mnist")
-    from bpfree.qzoff.experiment import FEWSHOT_METHODS, fewshot_chunk, ood_task
+    from _qzoff_experiment import FEWSHOT_METHODS, fewshot_chunk, ood_task
 
     torch.manual_seed(0)
     state = build_backbone(5).state_dict()
@@ -176,7 +170,7 @@ def test_fewshot_and_ood_tasks_on_mnist():
                                              lrs=(1e-3, 1e-1))))
     assert set(val["scores"]) == {1e-3, 1e-1} and val["lr"] in (1e-3, 1e-1)
     assert val["scores"][val["lr"]] == max(val["scores"].values())
-    from bpfree.qzoff.experiment import _fewshot_episodes
+    from _qzoff_experiment import _fewshot_episodes
     test_eps = _fewshot_episodes("mnist", (5, 6, 7, 8, 9), "test", 3, 5, 5, 15, 0)
     val_eps = _fewshot_episodes("mnist", (5, 6, 7, 8, 9), "train", 2, 5, 5, 15, 0)
     assert not any(torch.equal(v.support_x, t.support_x) for v in val_eps for t in test_eps)

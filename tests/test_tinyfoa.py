@@ -507,8 +507,9 @@ def test_bench_slices_ablation_scales_epochs_with_slices_in_full_mode_only():
 
 
 def test_mitbih_job_uses_five_classes_and_168_inputs(monkeypatch):
+    import _tinyfoa_experiment as experiment
+
     from bpfree.data import MITDB_RECORDS, require_data_root
-    from bpfree.tinyfoa import experiment
 
     require_data_root("mitdb", tuple(f"{r}.{e}" for r in MITDB_RECORDS
                                      for e in ("hea", "dat", "atr")))
@@ -519,15 +520,13 @@ def test_mitbih_job_uses_five_classes_and_168_inputs(monkeypatch):
     assert x.shape == (300, 168) and xt.shape == (100, 168) and x.dtype == torch.float32
     assert xv.shape == (642, 168) and int(y.max()) == 4 and int(yt.min()) == 0
     seen = {}
-    import bpfree.tinyfoa as tf
-
-    orig = tf.make_method
+    orig = experiment.make_method
 
     def spy(name, sizes, n_classes, **kw):
         seen.update(sizes=sizes, n_classes=n_classes)
         return orig(name, sizes, n_classes, **kw)
 
-    monkeypatch.setattr(tf, "make_method", spy)
+    monkeypatch.setattr(experiment, "make_method", spy)
     job = dict(dataset="mitbih", method="TinyFoA", arch="fc", m=2, seed=0, epochs=1, batch=64,
                train=300, test=100, width=16, exchanges=None, visits=1)
     _, err = experiment.run_job(job)

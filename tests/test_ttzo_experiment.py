@@ -1,4 +1,6 @@
-"""Smoke tests of the TT-ZO MNIST experiment tasks (bpfree.ttzo.experiment, bench tt-zo)."""
+"""Smoke tests of the TT-ZO MNIST experiment: the library's models and trainers by name
+(bpfree.ttzo.models / .methods) and the tasks of the benchmark driver
+benchmarks/_ttzo_experiment.py."""
 
 from __future__ import annotations
 
@@ -6,14 +8,14 @@ import pickle
 
 import pytest
 import torch
+from _ttzo_experiment import run_task
 
 from bpfree.bench.runner import load_module
 from bpfree.data import mnist_files
 from bpfree.data.paths import require_data_root
 from bpfree.tt import tt_mlp_num_parameters
-from bpfree.ttzo import queries_to_accuracy
-from bpfree.ttzo.experiment import (DENSE_PARAMS, compression_ratio, make_method, make_model,
-                                    run_task)
+from bpfree.ttzo import (DENSE_PARAMS, compression_ratio, make_method, make_model,
+                         queries_to_accuracy)
 
 MNIST_FILES = mnist_files("train") + mnist_files("test")
 TINY = dict(n_train=256, n_val=128, n_test=128, epochs=2, max_steps_per_epoch=2, batch_size=32)

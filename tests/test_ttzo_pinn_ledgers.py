@@ -159,7 +159,7 @@ def test_rge_cosine_is_near_one_for_a_one_parameter_model():
 
 
 def test_ttzo_load_data_holds_validation_out_of_training():
-    from bpfree.ttzo.experiment import load_data
+    from _ttzo_experiment import load_data
 
     with pytest.raises(ValueError, match="n_val"):
         load_data(100, None)

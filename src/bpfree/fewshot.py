@@ -20,8 +20,9 @@ confidence interval.
   by leave-one-out cross-entropy on the support set.
 * :func:`feature_function`, :func:`with_episode_head`, :func:`bp_finetune` -- a frozen
   model's feature function, an episode copy with a temporary N-way head, and the reference
-  backprop fine-tune; a forward-gradient fine-tune plugs in the same way (``finetune``
-  argument of :func:`evaluate_episodes`).
+  backprop fine-tune (a forward-gradient fine-tune plugs in the same way: the ``finetune``
+  argument of :func:`evaluate_episodes`); :func:`prototype_head` -- that head alone, on
+  frozen features (linear probing).
 
 Labels inside an :class:`Episode` are ``0..n_way-1``; ``episode.classes[i]`` is the original
 dataset label of episode class ``i``.
@@ -54,6 +55,7 @@ __all__ = [
     "mean_confidence_interval",
     "protonet_logits",
     "protonet_predict",
+    "prototype_head",
     "prototype_temperature",
     "sample_episodes",
     "simpleshot_predict",
@@ -476,10 +478,31 @@ def with_episode_head(model: nn.Module, episode: Episode, *,
             protos, _ = _centroids(feats, episode.support_y.to(p0.device))
             tau = (prototype_temperature(feats, episode.support_y.to(p0.device))
                    if temperature == "loo" else temperature)
-            head.weight.copy_(2 * tau * protos)
-            head.bias.copy_(-tau * (protos ** 2).sum(1))
+            _set_prototype_weights(head, protos, tau)
     setter(head)
     return m
+
+
+def _set_prototype_weights(head: nn.Linear, protos: Tensor, tau: float) -> None:
+    """ProtoNet's head: ``W_k = 2τ c_k``, ``b_k = -τ||c_k||²`` (Snell et al. 2017 §2.3)."""
+    head.weight.copy_(2 * tau * protos)
+    head.bias.copy_(-tau * (protos ** 2).sum(1))
+
+
+def prototype_head(feats: Tensor, y: Tensor, n_way: int,
+                   temperature: float | str = 1.0) -> nn.Sequential:
+    """``Sequential(Linear(d, n_way))`` initialised as ProtoNet's head on features ``feats``
+    with labels ``y`` in ``0..n_way-1`` (as :func:`with_episode_head` does for a whole model),
+    for linear probing on frozen features. ``temperature`` ``τ``: a number, or ``"loo"`` for
+    :func:`prototype_temperature`; the argmax, hence the zero-shot prediction, is the same for
+    every ``τ``."""
+    temperature = _check_temperature(temperature)
+    head = nn.Linear(feats.shape[1], n_way)
+    with torch.no_grad():
+        protos = torch.stack([feats[y == k].mean(0) for k in range(n_way)])
+        tau = prototype_temperature(feats, y) if temperature == "loo" else temperature
+        _set_prototype_weights(head, protos, tau)
+    return nn.Sequential(head)
 
 
 def bp_finetune(model: nn.Module, episode: Episode, mode: str = "full", epochs: int = 50,

@@ -9,6 +9,8 @@
   split; :func:`read_record` / :func:`read_annotations` read one record.
 * :func:`corrupt`, :func:`list_corruptions` -- MNIST-C / CIFAR-10-C style corruptions,
   severities 1–5, deterministic per image and seed.
+* :func:`split_indices`, :func:`flat_image_splits` -- a validation split carved from the
+  training split (the test split stays untouched), and MNIST-style images split and flattened.
 * :func:`default_data_root` / :func:`require_data_root` -- where a dataset lives; the latter
   skips a pytest test with a reason when it is absent.
 """
@@ -30,6 +32,7 @@ from .mitdb import (
     read_record,
 )
 from .paths import DATA_ENV_VAR, candidate_roots, default_data_root, require_data_root
+from .splits import flat_image_splits, split_indices
 
 __all__ = [
     "AAMI_CLASSES",
@@ -53,9 +56,11 @@ __all__ = [
     "IdxError",
     "candidate_roots",
     "default_data_root",
+    "flat_image_splits",
     "load_digits_split",
     "load_mnist",
     "mnist_files",
     "read_idx",
     "require_data_root",
+    "split_indices",
 ]

@@ -9,8 +9,9 @@ workers exchange those instead of gradients (MeZO's observation; FedKSeed, DeCom
 * :mod:`.pmt`: :class:`DataParallelPMT`, PMT's integer layer-wise WP / NP on W workers.
 * :mod:`.zo`: :class:`DataParallelZO`, float weight-perturbation ZO (:class:`ZOOptimizer`).
 * :mod:`.ledger` and :mod:`.federated`: federated rounds with an append-only seed ledger.
-* :mod:`.experiment`, :mod:`.launch`, :mod:`.cli`: ``bpfree fleet`` (spawned loopback workers)
-  and ``torchrun -m bpfree.distributed`` (:mod:`.__main__`).
+* :mod:`.fleet`: one fleet run (the demo's drift adaptation) as worker ``rank`` of ``W``;
+  :mod:`.launch`, :mod:`.cli`: ``bpfree fleet`` (spawned loopback workers) and
+  ``torchrun -m bpfree.distributed`` (:mod:`.__main__`).
 * :mod:`.projection`: bytes per step and round on paper, against BP and FedAvg.
 """
 

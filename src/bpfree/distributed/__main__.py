@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..io import write_json
 from .cli import _options, add_arguments, single_process
 from .comm import init_group
-from .experiment import build_setup, train, trainable_values
+from .fleet import build_setup, train, trainable_values
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """``bpfree fleet``: data-parallel or federated BP-free training on one machine's loopback.
 
 Data-parallel (default): W spawned gloo workers train the demo's drift adaptation
-(:mod:`.experiment`), then one process trains the same run alone; the JSON compares the
+(:mod:`.fleet`), then one process trains the same run alone; the JSON compares the
 workers' weight digests with that single-process digest and reports the bytes each worker
 handed to the all-reduce per step beside BP's dense all-reduce. ``--federated`` runs the
 seed-ledger protocol (:mod:`.federated`) with C clients for R rounds and checks that a
@@ -23,7 +23,7 @@ from ..io import check_output_path, write_json
 from ..pmt import PMTConfig
 from .comm import DEFAULT_TIMEOUT_S, SingleProcess
 from .ddp import ddp_bytes_per_step
-from .experiment import (METHODS, PERTURBATIONS, FleetOptions, build_setup,
+from .fleet import (METHODS, PERTURBATIONS, FleetOptions, build_setup,
                          pmt_trainer_digest, train, trainable_values, weights_digest)
 from .federated import bytes_per_round, late_client, run_federated
 from .launch import check_launch, launch

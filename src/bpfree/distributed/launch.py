@@ -21,7 +21,7 @@ from tempfile import TemporaryDirectory
 import torch
 
 from .comm import DEFAULT_TIMEOUT_S, free_port, init_group
-from .experiment import FleetOptions, train
+from .fleet import FleetOptions, train
 
 
 class FleetError(RuntimeError):

@@ -7,8 +7,14 @@
 * :mod:`.sparsity`: sparse-update masks (§3.4).
 * :mod:`.optim`: SGD / momentum / AdamW steps from the forward gradient.
 * :mod:`.trainer`: :class:`QZOFF`, the sign-m-SPSA trainer (Algorithm 1 + §3.4).
+* :mod:`.features`: a frozen backbone's features in fp32 / fp16 / ``<w>w<a>a`` arithmetic, for
+  linear probing.
+* :mod:`.alignment`: the cosine of the Eq. 3 estimate with the true gradient, measured and
+  expected.
 """
 
+from .alignment import estimate_alignment, expected_alignment
+from .features import PRECISIONS, frozen_features, precision_bits
 from .fixed_point import (
     EpsilonUnderflowWarning,
     accumulate_gradient,
@@ -27,6 +33,7 @@ from .sparsity import make_mask, random_mask, threshold_mask, topk_magnitude_mas
 from .trainer import QZOFF, QZOFFConfig, QZOFFEstimate
 
 __all__ = [
+    "PRECISIONS",
     "QZOFF",
     "ActivationQuantizer",
     "EpsilonUnderflowWarning",
@@ -37,10 +44,14 @@ __all__ = [
     "QuantizedParams",
     "accumulate_gradient",
     "displaced_weights",
+    "estimate_alignment",
+    "expected_alignment",
+    "frozen_features",
     "make_mask",
     "make_optimizer",
     "perturbation_multiplier",
     "perturbed_weights",
+    "precision_bits",
     "quantize_epsilon",
     "quantize_perturbation",
     "quantize_weights",

@@ -6,6 +6,8 @@
 * :mod:`.baselines`: :class:`BPTrainer` (FO), :func:`grasp_prune` + :class:`MaskedModel`
   (SP-MLP), :class:`ForwardGradientW` (FG-W), :class:`ForwardGradientA` (FG-A),
   :class:`FeedbackAlignment` (FA), :class:`DirectFeedbackAlignment` (DFA).
+* :mod:`.models` / :mod:`.methods`: the §5.1 study's models (:func:`make_model`,
+  :func:`compression_ratio`) and trainers (:func:`make_method`) by name.
 * :mod:`.train`: :func:`train`, the §5.1 epoch loop (lr 1e-3 × 0.9 every 10 epochs) with
   per-epoch validation accuracy and forward counts; :func:`queries_to_accuracy`.
 
@@ -17,10 +19,13 @@ counter, ``step(x, y, lr) -> dict(loss=...)``). The ZO trainers also count
 from .baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
                         ForwardGradientA, ForwardGradientW, MaskedModel, grasp_prune, grasp_scores)
 from .hybrid import ESTIMATORS, HybridZO, StallDetector, ZOTrainer
+from .methods import METHODS, make_method
+from .models import DENSE_PARAMS, MODELS, compression_ratio, make_model
 from .train import TrainLog, queries_to_accuracy, train
 
 __all__ = [
-    "BPTrainer", "DirectFeedbackAlignment", "ESTIMATORS", "FeedbackAlignment",
-    "ForwardGradientA", "ForwardGradientW", "HybridZO", "MaskedModel", "StallDetector",
-    "TrainLog", "ZOTrainer", "grasp_prune", "grasp_scores", "queries_to_accuracy", "train",
+    "BPTrainer", "DENSE_PARAMS", "DirectFeedbackAlignment", "ESTIMATORS", "METHODS", "MODELS",
+    "FeedbackAlignment", "ForwardGradientA", "ForwardGradientW", "HybridZO", "MaskedModel",
+    "StallDetector", "TrainLog", "ZOTrainer", "compression_ratio", "grasp_prune",
+    "grasp_scores", "make_method", "make_model", "queries_to_accuracy", "train",
 ]

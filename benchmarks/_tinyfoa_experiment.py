@@ -1,4 +1,5 @@
-"""One benchmark job for ``benchmarks/tinyfoa.py`` (importable, so a spawned worker can run it).
+"""One benchmark job of ``bpfree bench tinyfoa`` (benchmarks/tinyfoa.py), in a module of its
+own so that a spawned worker can import it.
 
 A job is a dict: ``dataset`` (an IDX kind, or ``"mitbih"``), ``method`` (a variant name),
 ``arch`` (``"fc"`` or ``"lc"``; LC needs images), ``m``, ``seed``, ``epochs``, ``batch``,
@@ -23,7 +24,13 @@ model seed varies. ``train``/``test`` below those counts take a fixed random sub
 
 from __future__ import annotations
 
-__all__ = ["LC_SPEC", "MITBIH", "default_lr", "n_classes", "run_job", "split_indices"]
+import numpy as np
+import torch
+
+from bpfree.data import flat_image_splits, mitbih_split, split_indices
+from bpfree.tinyfoa import BP, TinyFoA, evaluate, fit_epochs, make_method, parse_variant
+
+__all__ = ["LC_SPEC", "MITBIH", "default_lr", "n_classes", "run_job"]
 
 #: The dataset name of the MIT-BIH beats (the rest are IDX kinds).
 MITBIH = "mitbih"
@@ -39,8 +46,6 @@ def default_lr(name: str, dataset: str | None = None) -> float:
     by-hand sweep on MNIST training images, width 256). MIT-BIH: PEPITA's centre is 0.06,
     since 0.2 diverges on the standardised beats.
     """
-    from bpfree.tinyfoa import parse_variant
-
     v = parse_variant(name)
     if dataset == MITBIH and v.base == "PEPITA":
         return 0.06
@@ -59,63 +64,25 @@ def n_classes(dataset: str) -> int:
     return 5 if dataset == MITBIH else 10
 
 
-def split_indices(n: int, n_train: int | None, n_val: int, *, shuffle: bool):
-    """``(train, val)`` index arrays into a training split of ``n`` samples: ``val`` is the
-    last ``n_val`` samples (after a fixed seed-0 permutation when ``shuffle``), ``train`` the
-    first ``n_train`` (None: all) of the others. Raises when they do not fit."""
-    import numpy as np
-
-    if n_val < 0 or n_val >= n:
-        raise ValueError(f"the validation split must hold 0 to {n - 1} of the {n} training "
-                         f"samples, got {n_val}")
-    order = np.random.default_rng(0).permutation(n) if shuffle else np.arange(n)
-    rest, val = order[:n - n_val], order[n - n_val:]
-    if n_train is not None and n_train > len(rest):
-        raise ValueError(f"{n_train} training samples requested but only {len(rest)} remain "
-                         f"after the {n_val} validation samples")
-    return rest[:n_train], val
-
-
 def _data(kind: str, n_train: int | None, n_test: int | None, n_val: int = 0):
     """``(x, y, x_val, y_val, x_test, y_test)`` of a benchmark dataset (module docstring)."""
-    import torch
-
     key = (kind, n_train, n_test, n_val)
     if key in _DATA:
         return _DATA[key]
     if kind == MITBIH:
-        import numpy as np
-
-        from bpfree.data import mitbih_split
-
         x, y, xt, yt = mitbih_split(seed=0)
         tr, va = split_indices(len(y), n_train, n_val, shuffle=True)
         te = np.random.default_rng(0).permutation(len(yt))[:n_test]
         out = tuple(torch.from_numpy(a) for a in (x[tr], y[tr], x[va], y[va], xt[te], yt[te]))
     else:
-        from bpfree.data import load_mnist
-
-        xi, yi = load_mnist(split="train", kind=kind)
-        xt, yt = load_mnist(split="test", kind=kind)
-        tr, va = split_indices(len(yi), n_train, n_val, shuffle=False)
-
-        def images(a):
-            return torch.from_numpy(a).float().div_(255).reshape(len(a), -1)
-
-        out = (images(xi[tr]), torch.from_numpy(yi[tr]).long(), images(xi[va]),
-               torch.from_numpy(yi[va]).long(), images(xt[:n_test]),
-               torch.from_numpy(yt[:n_test]).long())
+        out = flat_image_splits(kind, n_train=n_train, n_val=n_val, n_test=n_test)
     _DATA[key] = out
     return out
 
 
 def run_job(job: dict) -> tuple[dict, float]:
     """Train one (dataset, method, architecture, M, F, seed) and return its test error."""
-    import torch
-
     torch.set_num_threads(1)
-    from bpfree.tinyfoa import BP, TinyFoA, evaluate, fit_epochs, make_method, parse_variant
-
     x, y, xv, yv, xt, yt = _data(job["dataset"], job["train"], job["test"], job.get("val", 0))
     eval_on = job.get("eval_on", "test")
     if eval_on not in ("test", "val"):

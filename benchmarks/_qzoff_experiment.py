@@ -1,6 +1,6 @@
 """QZO-FF experiments at MNIST scale: few-shot episodes, OOD adaptation, ablations, landscape.
 
-Shared by ``bpfree bench qzo-ff`` (benchmarks/qzo_ff.py) and usable on its own. Every public
+The driver of ``bpfree bench qzo-ff`` (benchmarks/qzo_ff.py). Every public
 task function takes and returns plain picklable values (state dicts, lists, floats) so that
 the benchmark can run it in a spawn-context process pool with one torch thread per worker;
 :func:`run_task` is the pool's entry point.
@@ -23,12 +23,10 @@ too slow for a 10-minute benchmark on 2 CPU cores.)
 * :func:`landscape_task` -- App. E / Fig. 6: BP and FF trajectories of the linear decoder and
   the 2-D loss contours around the final weights (:func:`bpfree.landscape.landscape_figure`).
 
-Linear probing trains only the decoder, so the frozen backbone's features are computed once
-per data set (:func:`frozen_features`) and the decoder is trained on them. With static
-activation ranges this is the same computation as running the whole network each step: in
-16w8a the backbone's activations are fake-quantized to 8 bits (ranges calibrated on the
-training / support images) and in fp16 rounded to float16, exactly as QZO-FF's
-``ActivationQuantizer`` does on the full model.
+Linear probing trains only the decoder on the frozen backbone's features, computed once per
+data set (:func:`bpfree.qzoff.frozen_features`, static activation ranges calibrated on the
+training / support images); the few-shot LP head starts as ProtoNet's
+(:func:`bpfree.fewshot.prototype_head`).
 """
 
 from __future__ import annotations
@@ -43,38 +41,32 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..bench.parallel import run_named_task
-from ..fewshot import (feature_function, protonet_predict, prototype_temperature,
-                       sample_episodes, with_episode_head)
-from ..harness import fit
-from .model import ActivationQuantizer
-from .trainer import QZOFF, QZOFFConfig
+from bpfree.bench.parallel import run_named_task
+from bpfree.data import corrupt, load_mnist
+from bpfree.fewshot import (feature_function, protonet_predict, prototype_head,
+                            sample_episodes, with_episode_head)
+from bpfree.harness import accuracy, fit
+from bpfree.landscape import TrajectoryRecorder, flatten_params, landscape_figure
+from bpfree.models import mnist_cnn
+from bpfree.qzoff import (PRECISIONS, QZOFF, QZOFFConfig, estimate_alignment, expected_alignment,
+                          frozen_features, precision_bits)
 
 __all__ = [
-    "PRECISIONS",
     "BPAdamW",
     "alignment_task",
-    "estimate_alignment",
-    "expected_alignment",
     "fewshot_diagnostic",
     "build_backbone",
     "ff_config",
     "fewshot_chunk",
     "fewshot_validate",
-    "frozen_features",
     "landscape_task",
     "load_images",
     "ood_data",
     "ood_task",
     "pretrain",
-    "prototype_head",
     "run_task",
     "train_head",
 ]
-
-#: Arithmetic of a forward-gradient run: fp32 / fp16 floats or ``<w>w<a>a`` fixed point.
-PRECISIONS = ("fp32", "fp16", "16w8a", "8w8a")
-
 
 # --------------------------------------------------------------------------- data and models
 
@@ -84,8 +76,6 @@ def _to_tensor(images: np.ndarray) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _load(kind: str, split: str):
-    from ..data import load_mnist
-
     return load_mnist(split=split, kind=kind)
 
 
@@ -105,8 +95,6 @@ def load_images(kind: str = "mnist", split: str = "train", classes=None, limit: 
 def build_backbone(num_classes: int = 10, state: dict | None = None) -> nn.Sequential:
     """The benchmark backbone (``mnist-cnn`` with a ``num_classes`` head), optionally loaded;
     ``model[:-1]`` is the feature extractor, ``model[-1]`` the linear head."""
-    from ..models import mnist_cnn
-
     model = mnist_cnn()
     if num_classes != 10:
         model[-1] = nn.Linear(model[-1].in_features, num_classes)
@@ -147,8 +135,7 @@ def pretrain(kind: str = "mnist", classes=None, images: int = 10000, epochs: int
             sched.step()
     model.eval()
     xt, yt = load_images(kind, "test", classes, 2000)
-    with torch.no_grad():
-        test_acc = 100.0 * float((model(xt).argmax(1) == remap[yt]).float().mean())
+    test_acc = accuracy(model, xt, remap[yt], batch_size=len(yt))
     return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "num_classes": len(classes), "classes": classes, "images": int(len(y)),
             "epochs": epochs, "test_accuracy": test_acc, "seed": seed,
@@ -156,11 +143,6 @@ def pretrain(kind: str = "mnist", classes=None, images: int = 10000, epochs: int
 
 
 # --------------------------------------------------------------------------- precisions
-
-def _bits(precision: str) -> tuple[int, int]:
-    w, a = precision.split("w")
-    return int(w), int(a.rstrip("a"))
-
 
 def ff_config(precision: str = "fp32", **overrides) -> QZOFFConfig:
     """:class:`QZOFFConfig` for a precision of :data:`PRECISIONS` (AdamW with betas
@@ -172,49 +154,10 @@ def ff_config(precision: str = "fp32", **overrides) -> QZOFFConfig:
     if precision in ("fp32", "fp16"):
         base["mode"] = precision
     else:
-        w, a = _bits(precision)
+        w, a = precision_bits(precision)
         base.update(mode="quantized", w_bits=w, a_bits=a, w_headroom=4.0)
     base.update(overrides)
     return QZOFFConfig(**base)
-
-
-@torch.no_grad()
-def frozen_features(model: nn.Module, x: torch.Tensor, precision: str = "fp32", *,
-                    calibration: torch.Tensor | None = None, batch_size: int = 500
-                    ) -> torch.Tensor:
-    """``model[:-1](x)`` (the backbone's features) with the activation arithmetic of
-    ``precision``: float32, float16-rounded (``"fp16"``) or ``a``-bit fake-quantized
-    (``"<w>w<a>a"``) with static ranges calibrated on ``calibration`` (default ``x``).
-    ``model`` is not modified."""
-    if precision == "fp32":
-        return feature_function(model, batch_size=batch_size)(x)
-    m = copy.deepcopy(model[:-1]).eval()
-    if precision == "fp16":
-        acts = ActivationQuantizer(m, None, fp16=True)
-    else:
-        acts = ActivationQuantizer(m, _bits(precision)[1], ranges="static")
-        calib = x if calibration is None else calibration
-        acts.calibrate(lambda: m(calib))
-    out = torch.cat([m(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
-    acts.remove()
-    return out
-
-
-def prototype_head(feats: torch.Tensor, y: torch.Tensor, n_way: int,
-                   temperature: float | str = 1.0) -> nn.Sequential:
-    """``Sequential(Linear(d, n_way))`` with ProtoNet's weights ``W_k = 2τc_k``,
-    ``b_k = -τ||c_k||²`` (as :func:`bpfree.fewshot.with_episode_head`). ``temperature`` ``τ``:
-    a number, or ``"loo"`` for :func:`bpfree.fewshot.prototype_temperature` (leave-one-out
-    support loss); the argmax, hence the zero-shot prediction, is the same for every ``τ``."""
-    head = nn.Linear(feats.shape[1], n_way)
-    with torch.no_grad():
-        protos = torch.stack([feats[y == k].mean(0) for k in range(n_way)])
-        tau = prototype_temperature(feats, y) if temperature == "loo" else float(temperature)
-        if not (math.isfinite(tau) and tau > 0):
-            raise ValueError(f"temperature must be > 0 or 'loo', got {temperature!r}")
-        head.weight.copy_(2 * tau * protos)
-        head.bias.copy_(-tau * (protos ** 2).sum(1))
-    return nn.Sequential(head)
 
 
 class BPAdamW:
@@ -238,11 +181,6 @@ class BPAdamW:
         self.opt.step()
         self.forwards += int(x.shape[0])
         return {"loss": float(loss.detach())}
-
-
-def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    with torch.no_grad():
-        return 100.0 * float((model(x).argmax(1) == y).float().mean())
 
 
 def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *,
@@ -437,33 +375,6 @@ def fewshot_validate(state: dict, num_classes: int, kind: str, classes, *, metho
             "episodes": episodes}
 
 
-def estimate_alignment(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, m: int = 3,
-                       eps: float = 1e-3, draws: int = 8, seed: int = 0) -> float:
-    """Mean cosine between the fp32 sign-m-SPSA estimate (QZO-FF Eq. 3) at ``model``'s
-    weights and the true gradient of the mean cross-entropy on ``(x, y)``, over ``draws``
-    independent direction sets. For Gaussian directions in ``d`` dimensions it is about
-    ``sqrt(2m / (π d))`` (:func:`expected_alignment`): the estimate's direction, not its
-    length, limits what a step can do."""
-    model = copy.deepcopy(model)
-    for p in model.parameters():
-        p.requires_grad_(True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    loss = nn.functional.cross_entropy(model(x), y)
-    g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params)])
-    cos = []
-    for k in range(draws):
-        est = QZOFF(model, ff_config("fp32", m=m, eps=eps, seed=seed * 1009 + k)).estimate(x, y)
-        v = torch.cat([t.reshape(-1) for t in est.grads])
-        cos.append(float(v @ g) / max(float(v.norm() * g.norm()), 1e-30))
-    return float(np.mean(cos))
-
-
-def expected_alignment(m: int, d: int) -> float:
-    """``E cos(ĝ, ∇L) ≈ sqrt(2m / (π d))`` for sign-m-SPSA with ``N(0, I_d)`` directions
-    (``E|zᵀg| = sqrt(2/π)·|g|``, ``|ĝ| ≈ sqrt(d/m)``), large ``d``."""
-    return math.sqrt(2 * m / (math.pi * d))
-
-
 def fewshot_diagnostic(state: dict, num_classes: int, kind: str, classes, *, lrs: dict,
                        episodes: int, steps: int, lp_steps: int | None = None, m: int = 3,
                        eps_values=(1e-3, 1e-2, 1e-1), draws: int = 4, n_way: int = 5,
@@ -527,8 +438,6 @@ def ood_data(corruption: str, severity: int, *, n_train: int = 1000, n_test: int
     """Corrupted MNIST: the last ``n_train`` training images (adaptation set) and the first
     ``n_test`` test images, corrupted with ``corruption`` at ``severity``
     (:func:`bpfree.data.corrupt`, seeds ``seed`` and ``seed + 1``)."""
-    from ..data import corrupt
-
     xtr, ytr = _load("mnist", "train")
     xte, yte = _load("mnist", "test")
     a = corrupt(xtr[-n_train:], corruption, severity, seed=seed,
@@ -555,7 +464,7 @@ def _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size, seed) -> tuple[
         cfg = None if variant["method"] == "bp" else _variant_config(variant, seed)
         out = train_head(head, variant["method"], ftr[tr], ytr[tr], epochs=epochs,
                          batch_size=batch_size, lr=lr, seed=seed, config=cfg)
-        scores[lr] = _accuracy(out["model"], ftr[val], ytr[val])
+        scores[lr] = accuracy(out["model"], ftr[val], ytr[val])
     best = max(lrs, key=lambda r: (scores[r], -r))
     return best, scores
 
@@ -585,7 +494,7 @@ def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epo
     feats = {}
 
     def features(prec):
-        key = "fp32" if prec == "fp32" else ("fp16" if prec == "fp16" else f"a{_bits(prec)[1]}")
+        key = prec if prec in ("fp32", "fp16") else f"a{precision_bits(prec)[1]}"
         if key not in feats:
             feats[key] = (frozen_features(backbone, xtr, prec),
                           frozen_features(backbone, xte, prec, calibration=xtr))
@@ -599,7 +508,7 @@ def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epo
         prec = variant.get("precision", "fp32")
         ftr, fte = features(prec)
         if variant["method"] == "zero-shot":
-            out[label] = {"accuracy": [_accuracy(head, fte, yte)], "seconds": 0.0}
+            out[label] = {"accuracy": [accuracy(head, fte, yte)], "seconds": 0.0}
             continue
         if "lr" in variant:
             lr, scores = variant["lr"], {}
@@ -615,7 +524,7 @@ def ood_task(state: dict, corruption: str, severity: int, variants: dict, *, epo
             cfg = None if variant["method"] == "bp" else _variant_config(variant, s)
             r = train_head(head, variant["method"], ftr, ytr, epochs=epochs,
                            batch_size=batch_size, lr=lr, seed=s, config=cfg)
-            res["accuracy"].append(_accuracy(r["model"], fte, yte))
+            res["accuracy"].append(accuracy(r["model"], fte, yte))
             if s == seeds[0]:
                 res["loss"] = r["loss"]
                 res["forwards"] = r["forwards"]
@@ -657,8 +566,6 @@ def landscape_task(state: dict, corruption: str, severity: int, runs: dict, path
     contours (training loss on the adaptation set) around that run's final weights in the
     PCA plane of all trajectories, with every trajectory on it. Returns per run the final
     training loss, the test accuracy and per figure the explained variance."""
-    from ..landscape import TrajectoryRecorder, flatten_params, landscape_figure
-
     torch.set_num_threads(1)
     (xtr, ytr), (xte, yte) = ood_data(corruption, severity, n_train=n_train, seed=data_seed)
     backbone = build_backbone(10, state)
@@ -681,7 +588,7 @@ def landscape_task(state: dict, corruption: str, severity: int, runs: dict, path
         with torch.no_grad():
             final_loss = float(nn.functional.cross_entropy(r["model"](ftr), ytr))
         results[label] = {"final_train_loss": final_loss, "lr": run["lr"],
-                          "test_accuracy": _accuracy(r["model"], fte, yte),
+                          "test_accuracy": accuracy(r["model"], fte, yte),
                           "distance": float((trajs[label].snapshots[-1]
                                              - trajs[label].snapshots[0]).norm())}
     figures = {}

@@ -1,4 +1,4 @@
-"""The fleet experiment: the demo's drift adaptation, trained by W data-parallel workers.
+"""One fleet run: the demo's drift adaptation, trained by W data-parallel workers.
 
 ``method="pmt"``: PMT (layer-wise, synchronized; WP, NP or adaptive) on the demo's INT8
 64-64-10 MLP (:func:`bpfree.demo.drifted_digits`). ``method="zo"``: float RGE with
