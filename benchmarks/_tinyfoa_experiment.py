@@ -4,10 +4,11 @@ own so that a spawned worker can import it.
 A job is a dict: ``dataset`` (an IDX kind, or ``"mitbih"``), ``method`` (a variant name),
 ``arch`` (``"fc"`` or ``"lc"``; LC needs images), ``m``, ``seed``, ``epochs``, ``batch``,
 ``train``/``test`` (sample counts; ``None`` = all), ``val`` (validation samples carved from
-the training split, default 0), ``width`` (FC hidden width), optional ``optimizer`` / ``layerwise`` /
-``schedule`` (TinyFoA's training regime, :class:`bpfree.tinyfoa.TinyFoA`; FC only), ``exchanges`` (``F``; None →
-``visits`` × the slice count), ``visits``, optional ``lr`` and ``eval_on`` (``"test"``,
-default, or ``"val"``: a learning-rate sweep never sees the test split).
+the training split, default 0), ``width`` (FC hidden width), optional ``optimizer`` /
+``layerwise`` / ``schedule`` (TinyFoA's training regime, :class:`bpfree.tinyfoa.TinyFoA`; FC
+only), ``exchanges`` (``F``; None → ``visits`` × the slice count), ``visits``, optional
+``lr`` and ``eval_on`` (``"test"``, default, or ``"val"``: a learning-rate sweep never sees
+the test split).
 :func:`run_job` returns ``(job, error %)`` on the split ``eval_on`` names.
 
 Validation split: for the image sets the last ``val`` images of the training split (the
