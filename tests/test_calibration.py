@@ -100,10 +100,10 @@ def test_defocus_knob_walks_pixel_shells_with_growing_blur():
     anti-aliasing sigma: the kernel's spread (second moment) never shrinks along the knob
     within a shell, and shell k's disk holds exactly the pixels at distance <= the k-th
     distinct distance sqrt(i^2 + j^2)."""
-    from bpfree.data.corruptions import _disk_kernel
+    from bpfree.data.corruptions.blur import disk_kernel
 
     def spread(t):
-        k = _disk_kernel(*corruption_param("defocus_blur", t))
+        k = disk_kernel(*corruption_param("defocus_blur", t))
         c = np.arange(k.shape[0]) - k.shape[0] // 2
         return float((k * (c[:, None] ** 2 + c[None, :] ** 2)).sum())
 

@@ -32,7 +32,6 @@ PENDING = {
     "bpfree/demo.py": "command front end (another change in flight)",
     "bpfree/checkpoint.py": "another change in flight",
     "bpfree/pmt/baselines.py": "another change in flight",
-    "bpfree/data/corruptions.py": "another change in flight",
     "bpfree/bench/environment.py": "another change in flight",
     "bpfree/bench/parallel.py": "another change in flight",
 }

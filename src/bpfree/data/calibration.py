@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .corruptions import _ELASTIC_SIGMA, CORRUPTIONS, apply_corruption
+from .corruptions import CORRUPTIONS, ELASTIC_SIGMA, apply_corruption
 
 
 def _disk_shells(max_radius: float) -> np.ndarray:
@@ -70,7 +70,7 @@ KNOBS: dict[str, tuple[Callable[[float], object], float, float]] = {
     "fog": (lambda t: (t, 2.0), 0.0, 12.0),                  # haze amount, decay 2
     "contrast": (lambda t: 1.0 - t, 0.0, 1.0),               # strength = 1 - factor
     "brightness": (lambda t: t, 0.0, 1.0),                   # + V
-    "elastic_transform": (lambda t: (t, _ELASTIC_SIGMA, 0.05 * t), 0.0, 4.0),
+    "elastic_transform": (lambda t: (t, ELASTIC_SIGMA, 0.05 * t), 0.0, 4.0),
 }
 
 
