@@ -8,6 +8,7 @@ integer loss sum, after K steps on the same batches, seed and rate.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -142,6 +143,14 @@ def test_host_parity_mlp_weight_perturbation_micro_batches_no_gns_qas(digits, tm
 
 
 @needs_cc
+def test_host_parity_mlp_node_perturbation_micro_batches(digits, tmp_path):
+    # Micro-batches keep int64 sums until the update; NP adds Eq. 10's sums per micro-batch.
+    trainer = _digits_trainer(digits, micro_batch=4, perturbation="np", queries=3)
+    x, y = digits
+    check_parity(trainer, x, y, tmp_path, steps=3, batch_size=10, lr=0.3)
+
+
+@needs_cc
 def test_host_parity_mnist_cnn_20_steps(tmp_path):
     trainer, x, y = _cnn_trainer(mnist_cnn)
     check_parity(trainer, x, y, tmp_path, steps=20, batch_size=8, lr=0.1)
@@ -169,6 +178,99 @@ def test_host_inference_matches_the_integer_model(tmp_path):
     program = export_c(trainer, tmp_path / "prog", max_batch=8)
     xq = trainer.model.input_quant.quantize(x[:20])
     assert torch.equal(infer_c(program, xq), trainer.model.forward_int(xq))
+
+
+# ------------------------------------------------------------------------------- arena plan
+
+def replay_schedule(graph, plan, specs):
+    """The step of bpf_step as (time, kind, byte range, value) events, written independently
+    of the planner: the clean forward, then per trainable stage the perturbed passes (Q = 1
+    suffices: queries repeat the same accesses), the stage pass and the NP estimate's read of
+    the layer input."""
+    n_ops = len(graph.ops)
+    stage_of = [graph.ops[s.op].stage for s in specs]
+    events, latest, time = [], {}, [0]
+
+    def access(kind, t, offset):
+        key = (t, offset)
+        if kind == "w":
+            latest[key] = len(events)
+        elif key not in latest:
+            raise AssertionError(f"t{t} read at {offset} before any write there")
+        events.append((time[0], kind, offset, offset + plan_bytes[t], latest[key]))
+
+    def run(first, end, place):
+        for k in range(first, end):
+            op = graph.ops[k]
+            for t in op.inputs:
+                access("r", t, place[t])
+            access("w", op.output, place[op.output])
+            time[0] += 1
+
+    plan_bytes = [graph.tensors[t].numel * BATCH for t in range(len(graph.tensors))]
+    off = plan.tensor_off
+    access("w", 0, off[0])
+    run(0, n_ops, off)
+    access("r", len(graph.tensors) - 1, off[-1])
+    tables = dict(plan.perturbed)
+    cursor = graph.stage_first_op[stage_of[0]]
+    for stage in sorted(set(stage_of)):
+        first = graph.stage_first_op[stage]
+        run(cursor, first, off)
+        for _ in (s for s, k in zip(specs, stage_of) if k == stage):
+            run(first, n_ops, tables[stage])
+            access("r", len(graph.tensors) - 1, tables[stage][-1])
+        ops = [s.op for s, k in zip(specs, stage_of) if k == stage]
+        end = ops[-1] + 1 if stage == max(stage_of) else graph.stage_first_op[stage + 1]
+        for k in range(first, end):
+            run(k, k + 1, off)
+            if k in ops:
+                access("r", graph.ops[k].inputs[0], off[graph.ops[k].inputs[0]])
+        cursor = end
+    return events
+
+
+BATCH = 3
+
+
+def assert_no_live_value_overwritten(events):
+    last_read = {}
+    for time, kind, _, _, value in events:
+        if kind == "r":
+            last_read[value] = time
+    writes = [(time, lo, hi, i) for i, (time, kind, lo, hi, _) in enumerate(events)
+              if kind == "w"]
+    for value, t_end in last_read.items():
+        t_start, _, lo, hi, _ = events[value]
+        for time, wlo, whi, i in writes:
+            if i != value and t_start <= time < t_end and wlo < hi and lo < whi:
+                raise AssertionError(f"write {events[i]} clobbers value {events[value]} "
+                                     f"read until {t_end}")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_arena_plan_never_overwrites_a_value_before_its_last_read(sparse):
+    from bpfree.device.export import _trainable_rows
+    from bpfree.device.lower import lower
+    from bpfree.device.plan import TrainableSpec, plan_arena
+
+    trainer, x, _ = _cnn_trainer(mnist_mobilenet)
+    if sparse:  # a frozen prefix, a trainable block, frozen stages, the trainable head
+        names = [l.name for l in trainer.layers]
+        trainer = PMTTrainer(trainer.model, trainer.config, example=x[:2],
+                             trainable=[n for n in names if n.startswith("body.3.")] + names[-1:])
+    graph = lower(trainer.model, (1, 28, 28))
+    specs = [TrainableSpec(r["op"], r["mode"], r["d_w"], r["d_a"], r["cout"])
+             for r in _trainable_rows(trainer, graph)]
+    plan = plan_arena(graph, specs, BATCH, queries=2, deferred=False)
+    events = replay_schedule(graph, plan, specs)
+    assert_no_live_value_overwritten(events)
+    # The replay is a real check: packing every activation at one offset fails it.
+    one = (plan.tensor_off[0],) * len(graph.tensors)
+    squashed = dataclasses.replace(plan, tensor_off=one,
+                                   perturbed=tuple((k, one) for k, _ in plan.perturbed))
+    with pytest.raises(AssertionError, match="clobbers"):
+        assert_no_live_value_overwritten(replay_schedule(graph, squashed, specs))
 
 
 # ------------------------------------------------------------------------------- errors
@@ -285,3 +387,47 @@ def test_mcunet_in1_sparse_step_host_parity(tmp_path):
     trainer = PMTTrainer(model, config, example=x[:1],
                          trainable=block(split_blocks(layers, 4), 4))
     check_parity(trainer, x, y, tmp_path, steps=1, batch_size=1, lr=0.05)
+
+
+def _mcunet_trainer(model, queries, block_index=None):
+    from bpfree.pmt.sparse import block, split_blocks
+
+    x = torch.zeros(1, 3, 128, 128, dtype=torch.int8)
+    config = PMTConfig(queries=queries, seed=7, device_exact=True)
+    trainable = None
+    if block_index is not None:
+        layers = PMTTrainer(model, config, example=x).layers
+        trainable = block(split_blocks(layers, 4), block_index)
+    return PMTTrainer(model, config, example=x, trainable=trainable)
+
+
+@needs_m7
+@pytest.mark.slow
+def test_mcunet_in1_full_model_program_links_into_stm32h7b3_sram(tmp_path):
+    from bpfree.device.mcu import build_elf, size_of
+
+    trainer = _mcunet_trainer(_mcunet(), queries=50)  # Table 8: full model, Q = 50, batch 1
+    program = export_c(trainer, tmp_path / "h7b3", target="cortex-m7", max_batch=1,
+                       max_samples=1)
+    assert (program.meta["sram_kib"], program.meta["flash_kib"]) == (1024, 2048)
+    sizes = size_of(build_elf(program))
+    assert sizes["data"] + sizes["bss"] <= 1024 * 1024
+    # The check bites: with the SRAM the trainable weights alone take, linking fails.
+    weights_kib = sum(row["d_w"] for row in program.meta["trainable"]) // 1024
+    small = export_c(trainer, tmp_path / "small", target="cortex-m7", sram_kib=weights_kib,
+                     max_batch=1, max_samples=1)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        build_elf(small)
+
+
+@needs_m7
+@pytest.mark.slow
+def test_mcunet_in1_sparse_program_links_into_320_kib(tmp_path):
+    from bpfree.device.mcu import build_elf, size_of
+
+    # Block 3, the block PMT §4.4 trains sparsely on the STM32F746 (Table 9).
+    trainer = _mcunet_trainer(_mcunet(), queries=50, block_index=3)
+    program = export_c(trainer, tmp_path / "f746", target="cortex-m7", sram_kib=320,
+                       max_batch=1, max_samples=1)
+    sizes = size_of(build_elf(program))
+    assert sizes["data"] + sizes["bss"] <= 320 * 1024

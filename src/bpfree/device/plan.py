@@ -1,19 +1,38 @@
-"""The static arena of a device program, planned from buffer lifetimes.
+"""The static arena of a device program, planned from buffer lifetimes of the stage schedule.
 
-Every buffer of one training step gets an offset in one ``int8_t`` arena, sized at export:
+One training step (Algorithm 1, PMT appendix A) runs in this order, per (micro-)batch:
 
-* the int64 integer sums of every trainable layer (``gw``, ``gb``), the clean and perturbed
-  per-sample losses, and the NP node-gradient buffer (Eq. 9) of the largest NP layer;
-* the WP backup of the largest WP layer's weights (a perturbed weight saturates at +-127, so
-  the original cannot be recovered by subtracting the direction);
-* the *cached* activations Algorithm 1 keeps for a step: the input of every stage that holds a
-  trainable layer (partial forwards start there) and the input of every NP layer (Eq. 10);
-* the scratch activations, placed by a first-fit over their lifetimes [producer, last
-  consumer]: two tensors share bytes only when no operator needs both.
+1. the clean forward of the whole model (line 4), which keeps the input ``A_k0`` of the first
+   stage that holds a trainable layer;
+2. for each stage ``k`` with trainable layers, in forward order: the Q perturbed partial
+   forwards of each of its layers, all starting from the stage input ``A_k`` (lines 9-11 and
+   19-24); then the *stage pass*, which recomputes the stage's operators with the step-t
+   weights (line 34) and, right after each trainable operator, forms that layer's estimate from
+   the regenerated perturbations and either updates its weights in place (line 33) or, with
+   micro-batches, adds it to the layer's integer sums. The stage pass ends with ``A_{k+1}``,
+   from which the next stage starts (frozen stages in between are run clean).
 
-The same plan serves the clean pass and the perturbed partial passes: a cached tensor has a
-second, scratch placement (``alt``) that a partial pass writes, so the cache survives the Q
-queries.
+So at any time one stage input is held, and no buffer grows with the number of trainable
+weights: a layer's estimate is never stored, only its Q (WP) or Q*N (NP) loss differences,
+from which :c:func:`bpf_step` regenerates it (the XORShift32 streams are replayed from their
+seeds, Algorithm 1 lines 12 and 25).
+
+Activation tensors are placed twice over:
+
+* ``off``: where the clean forward and the stage passes write them. These follow the operator
+  order, so a first-fit over the lifetimes [producer, last consumer] is safe for both; the
+  kept ``A_k0`` lives until the end of the clean forward.
+* per trainable stage ``k``, where the perturbed partial forwards from ``k`` write them. Those
+  run while ``off`` holds only the stage input ``A_k`` (stages are cut points of the graph),
+  so each of these placements is a first-fit that avoids ``off(A_k)`` and nothing else; the
+  tables cost ``4 * tensors`` bytes of flash per trainable stage.
+
+First-fit is a heuristic; a few orders (largest first, longest-lived first, earliest first)
+are tried and the smallest arena is kept.
+
+The fixed buffers (per-sample losses, loss differences, replayed generator states, one
+channel of the regenerated node gradient, the WP weight backup and, with micro-batches only,
+the int64 sums of every trainable layer) sit below the activations.
 """
 
 from __future__ import annotations
@@ -30,14 +49,28 @@ class Buffer:
     name: str
     offset: int
     size: int
-    lifetime: tuple[int, int] | None = None  # op interval for scratch buffers
+    lifetime: tuple[int, int] | None = None  # op interval for activation buffers
+
+
+@dataclass(frozen=True)
+class TrainableSpec:
+    """What the planner needs of one trainable layer."""
+
+    op: int
+    mode: str  # "wp" or "np"
+    d_w: int
+    d_a: int
+    cout: int
 
 
 @dataclass(frozen=True)
 class ArenaPlan:
     buffers: tuple[Buffer, ...]
     tensor_off: tuple[int, ...]
-    tensor_alt: tuple[int, ...]
+    #: per trainable stage (forward order): (stage, offset of every tensor in its perturbed
+    #: passes; tensors such a pass does not write keep their ``off``)
+    perturbed: tuple[tuple[int, tuple[int, ...]], ...]
+    diff_off: tuple[int, ...]  # per trainable layer: its first slot in the `diffs` buffer
     total: int
 
     def offset(self, name: str) -> int:
@@ -51,17 +84,23 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _first_fit(items: list[tuple[str, int, tuple[int, int]]], base: int) -> dict[str, int]:
-    """Offsets for (name, size, [start, end]) items: largest first, lowest free offset."""
-    placed: list[tuple[int, int, tuple[int, int]]] = []
+Placed = tuple[int, int, tuple[int, int]]  # offset, size, lifetime
+Item = tuple[str, int, tuple[int, int]]  # name, size, lifetime
+
+#: First-fit orders tried: largest first, longest-lived first, earliest first.
+ORDERS = (lambda it: (-it[1], it[0]),
+          lambda it: (it[2][0] - it[2][1], -it[1], it[0]),
+          lambda it: (it[2][0], -it[1], it[0]))
+
+
+def _first_fit(items: list[Item], base: int, fixed: tuple[Placed, ...] = (),
+               order=ORDERS[0]) -> dict[str, int]:
+    """Offsets for (name, size, [start, end]) items, visited in ``order``: each at the lowest
+    offset that overlaps no placed item (nor any of ``fixed``) alive at the same time."""
+    placed: list[Placed] = list(fixed)
     out = {}
-    for name, size, (lo, hi) in sorted(items, key=lambda it: (-it[1], it[0])):
+    for name, size, (lo, hi) in sorted(items, key=order):
         offset = base
-        for off, sz, (plo, phi) in sorted(placed):
-            overlaps_time = not (hi < plo or phi < lo)
-            if overlaps_time and offset < off + sz and off < offset + size:
-                offset = _align(off + sz)
-        # A later placed buffer may now overlap: repeat until stable.
         moved = True
         while moved:
             moved = False
@@ -73,64 +112,96 @@ def _first_fit(items: list[tuple[str, int, tuple[int, int]]], base: int) -> dict
     return out
 
 
-def cached_tensors(graph: Graph, trainable: list[tuple[int, str]]) -> list[int]:
-    """Tensors a step keeps: the model input, trainable stages' inputs, NP layers' inputs.
-
-    ``trainable``: (op index, mode) per trainable layer.
-    """
-    keep = {0}
-    for op_index, mode in trainable:
-        op = graph.ops[op_index]
-        keep.add(graph.ops[graph.stage_first_op[op.stage]].inputs[0])
-        if mode == "np":
-            keep.add(op.inputs[0])
-    return sorted(keep)
+def _extent(items: list[Item], offsets: dict[str, int]) -> int:
+    return max((offsets[name] + size for name, size, _ in items), default=0)
 
 
-def plan_arena(graph: Graph, trainable: list[tuple[int, str, int, int, int]], batch: int
-               ) -> ArenaPlan:
-    """Plan the arena for micro-batches of ``batch`` samples.
+def _best_fit(items: list[Item], base: int, fixed: tuple[Placed, ...] = ()
+              ) -> dict[str, int]:
+    """The first-fit (over :data:`ORDERS`) with the smallest extent."""
+    fits = [_first_fit(items, base, fixed, order) for order in ORDERS]
+    return min(fits, key=lambda f: _extent(items, f))
 
-    ``trainable``: (op index, mode, d_w, d_a, out channels) per trainable layer.
+
+def trainable_stages(graph: Graph, trainable: list[TrainableSpec]) -> list[int]:
+    """The stages holding a trainable layer, in forward order."""
+    return sorted({graph.ops[t.op].stage for t in trainable})
+
+
+def stage_input(graph: Graph, stage: int) -> int:
+    return graph.ops[graph.stage_first_op[stage]].inputs[0]
+
+
+def plan_arena(graph: Graph, trainable: list[TrainableSpec], batch: int, queries: int,
+               deferred: bool) -> ArenaPlan:
+    """Plan the arena for (micro-)batches of ``batch`` samples and Q = ``queries``.
+
+    ``trainable`` must be in forward order. ``deferred``: micro-batch accumulation, which keeps
+    an int64 sum per trainable weight and bias until the update after the last micro-batch.
     """
     buffers: list[Buffer] = []
     offset = 0
 
-    def static(name: str, size: int) -> None:
+    def static(name: str, size: int) -> int:
         nonlocal offset
-        buffers.append(Buffer(name, offset, size))
+        start = offset
+        buffers.append(Buffer(name, start, size))
         offset = _align(offset + size)
+        return start
 
-    for i, (op, mode, d_w, d_a, cout) in enumerate(trainable):
-        static(f"gw[{graph.ops[op].name}]", 8 * d_w)
-        static(f"gb[{graph.ops[op].name}]", 8 * cout)
     static("loss", 8 * batch)
     static("loss_q", 8 * batch)
-    np_sizes = [d_a for _, mode, _, d_a, _ in trainable if mode == "np"]
-    static("node_grad", 8 * batch * max(np_sizes, default=0))
-    wp_sizes = [d_w for _, mode, d_w, _, _ in trainable if mode == "wp"]
-    static("wp_backup", max(wp_sizes, default=0))
+    # Loss differences of the layers pending in one stage: Q (WP, summed over the batch) or
+    # Q*N (NP, per sample); stages reuse the same slots.
+    diff_off, per_stage = [], {}
+    for t in trainable:
+        stage = graph.ops[t.op].stage
+        diff_off.append(per_stage.get(stage, 0))
+        per_stage[stage] = diff_off[-1] + queries * (batch if t.mode == "np" else 1)
+    static("diffs", 8 * max(per_stage.values(), default=0))
+    any_np = any(t.mode == "np" for t in trainable)
+    static("rng_states", 4 * queries * (batch if any_np else 1))
+    np_plane = [graph.tensors[graph.ops[t.op].output] for t in trainable if t.mode == "np"]
+    static("node_grad_channel", 8 * batch * max((x.h * x.w for x in np_plane), default=0))
+    static("wp_backup", max((t.d_w for t in trainable if t.mode == "wp"), default=0))
+    if deferred:
+        for t in trainable:
+            static(f"gw[{graph.ops[t.op].name}]", 8 * t.d_w)
+            static(f"gb[{graph.ops[t.op].name}]", 8 * t.cout)
 
-    keep = cached_tensors(graph, [(op, mode) for op, mode, *_ in trainable])
     n_ops = len(graph.ops)
-    tensor_off = [0] * len(graph.tensors)
-    tensor_alt = [0] * len(graph.tensors)
-    for t in keep:
-        static(f"cache[t{t}]", batch * graph.tensors[t].numel)
-        tensor_off[t] = tensor_alt[t] = buffers[-1].offset
-    items = []
-    for t, tensor in enumerate(graph.tensors):
-        if t == 0:
-            continue
+    stages = trainable_stages(graph, trainable)
+    kept = stage_input(graph, stages[0]) if stages else 0
+
+    def lifetime(t: int) -> tuple[int, int]:
+        tensor = graph.tensors[t]
         end = max(tensor.consumers, default=n_ops)
-        items.append((f"t{t}", batch * tensor.numel, (tensor.producer, end)))
-    placed = _first_fit(items, offset)
-    scratch_end = offset
+        return (tensor.producer, n_ops if t == kept else end)
+
+    base = offset
+    items = [(f"t{t}", batch * x.numel, lifetime(t)) for t, x in enumerate(graph.tensors)]
+    best = None
+    for order in ORDERS:
+        off = _first_fit(items, base, order=order)
+        perturbed = []
+        for k in stages:
+            held = stage_input(graph, k)
+            first = graph.stage_first_op[k]
+            pinned = ((off[f"t{held}"], batch * graph.tensors[held].numel, (first, n_ops)),)
+            written = [it for it in items if graph.tensors[int(it[0][1:])].producer >= first]
+            perturbed.append((k, written, _best_fit(written, base, pinned)))
+        end = max([_extent(items, off)] + [_extent(w, f) for _, w, f in perturbed])
+        if best is None or end < best[0]:
+            best = (end, off, perturbed)
+    end, off, perturbed = best
+
+    tensor_off = tuple(off[f"t{t}"] for t in range(len(graph.tensors)))
     for name, size, life in items:
-        t = int(name[1:])
-        tensor_alt[t] = placed[name]
-        if t not in keep:
-            tensor_off[t] = placed[name]
-        buffers.append(Buffer(f"scratch[{name}]", placed[name], size, life))
-        scratch_end = max(scratch_end, placed[name] + size)
-    return ArenaPlan(tuple(buffers), tuple(tensor_off), tuple(tensor_alt), _align(scratch_end))
+        buffers.append(Buffer(f"act[{name}]", off[name], size, life))
+    tables = []
+    for k, written, fit in perturbed:
+        lo = min(fit.values(), default=base)
+        buffers.append(Buffer(f"perturbed passes from stage {k}", lo, _extent(written, fit) - lo))
+        tables.append((k, tuple(fit.get(f"t{t}", tensor_off[t])
+                                for t in range(len(graph.tensors)))))
+    return ArenaPlan(tuple(buffers), tensor_off, tuple(tables), tuple(diff_off), _align(end))

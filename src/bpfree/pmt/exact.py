@@ -215,36 +215,61 @@ def apply_exact_update(module, est: ExactEstimate, lr: float, samples: int, quer
             "changed": changed}
 
 
+def _accumulate(sums: dict[str, ExactEstimate], name: str, est: ExactEstimate) -> None:
+    if name not in sums:
+        sums[name] = est
+        return
+    acc = sums[name]
+    acc.weight += est.weight
+    if acc.bias is not None:
+        acc.bias += est.bias
+    acc.directions += est.directions
+
+
 def exact_step(trainer, xq: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-    """One device-exact iteration of Algorithm 1 (layer-wise, synchronized) on int8 ``xq``."""
+    """One device-exact iteration of Algorithm 1 (layer-wise, synchronized) on int8 ``xq``.
+
+    The stages are visited as the generated C visits them (:meth:`StagedModel.by_stage`, the
+    schedule of :mod:`bpfree.device.plan`): each stage's layers are estimated from the held
+    stage input, the stage output is recomputed with the step-t weights, then the stage's
+    layers are updated (without micro-batches) or their integer sums accumulated (with them;
+    the update follows the last micro-batch).
+    """
     cfg, staged = trainer.config, trainer.staged
     tables = trainer.loss_tables
     n = xq.shape[0]
     size = cfg.micro_batch or n
+    first = trainer.trainable[0].stage
     sums: dict[str, ExactEstimate] = {}
+    stats: dict[str, dict] = {}
     total_loss = 0
     for j, lo in enumerate(range(0, n, size)):
         xb, yb = xq[lo:lo + size], y[lo:lo + size]
-        clean = fixed_loss(staged.clean(xb, cache=True), yb, tables)
+        clean = fixed_loss(staged.clean(xb, cache=False, keep=first), yb, tables)
         trainer.forwards += xb.shape[0]
         total_loss += int(clean.sum())
         seed = derive_seed(cfg.seed, trainer.steps, j)
-        for layer in trainer.trainable:
-            est = estimate_layer(staged, layer, trainer.modes[layer.name],
-                                 trainer.index[layer.name], yb, clean, cfg.queries, seed, tables)
-            trainer.forwards += cfg.queries * xb.shape[0]
-            if layer.name in sums:
-                acc = sums[layer.name]
-                acc.weight += est.weight
-                if acc.bias is not None:
-                    acc.bias += est.bias
-                acc.directions += est.directions
+
+        def estimate(layer: TrainableLayer, yb=yb, clean=clean, seed=seed) -> ExactEstimate:
+            trainer.forwards += cfg.queries * yb.shape[0]
+            return estimate_layer(staged, layer, trainer.modes[layer.name],
+                                  trainer.index[layer.name], yb, clean, cfg.queries, seed,
+                                  tables)
+
+        def finish(layer: TrainableLayer, est: ExactEstimate) -> None:
+            if cfg.micro_batch is None:
+                stats[layer.name] = apply_exact_update(layer.module, est,
+                                                       trainer._rate(layer, lr), n,
+                                                       cfg.queries, gns=cfg.gns, qas=cfg.qas)
             else:
-                sums[layer.name] = est
-    stats = {layer.name: apply_exact_update(layer.module, sums[layer.name],
-                                            trainer._rate(layer, lr), n, cfg.queries,
-                                            gns=cfg.gns, qas=cfg.qas)
-             for layer in trainer.trainable}
+                _accumulate(sums, layer.name, est)
+
+        staged.by_stage(trainer.trainable, estimate, finish, start=first)
+    for layer in trainer.trainable:
+        if layer.name in sums:
+            stats[layer.name] = apply_exact_update(layer.module, sums[layer.name],
+                                                   trainer._rate(layer, lr), n, cfg.queries,
+                                                   gns=cfg.gns, qas=cfg.qas)
     trainer.steps += 1
     changed = [s["changed"] for s in stats.values()]
     return {"loss": total_loss / n / 2**LOSS_BITS, "loss_fixed": total_loss,

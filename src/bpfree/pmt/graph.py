@@ -11,6 +11,8 @@ perturbed pass for a layer in stage ``k`` recomputes only stages ``k`` onward.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,18 +113,19 @@ class StagedModel:
         return x if x.dtype == torch.int8 else self.model.input_quant.quantize(x)
 
     @torch.no_grad()
-    def clean(self, xq: torch.Tensor, cache: bool = True) -> torch.Tensor:
+    def clean(self, xq: torch.Tensor, cache: bool = True, keep: int = 0) -> torch.Tensor:
         """Full forward from int8 ``xq``; returns int8 logits.
 
         ``cache=True`` keeps the input of every stage (fast partial forwards from any stage);
-        ``cache=False`` keeps only ``xq``, and :meth:`advance` moves the buffer stage by stage
-        as Algorithm 1 does (one activation buffer instead of one per stage).
+        ``cache=False`` keeps only the input of stage ``keep`` (``xq`` for 0), and
+        :meth:`advance` moves the buffer stage by stage as Algorithm 1 does (one activation
+        buffer instead of one per stage).
         """
-        self.inputs = [xq] + [None] * len(self.stages)
+        self.inputs = [xq if cache or keep == 0 else None] + [None] * len(self.stages)
         h = xq
         for k, stage in enumerate(self.stages):
             h = stage(h)
-            if cache:
+            if cache or k + 1 == keep:
                 self.inputs[k + 1] = h
         return h
 
@@ -132,6 +135,28 @@ class StagedModel:
         h = self.stages[k](self.inputs[k])
         self.inputs[k + 1], self.inputs[k] = h, None
         return h
+
+    def by_stage(self, layers: list[TrainableLayer], estimate: Callable, finish: Callable,
+                 start: int = 0) -> None:
+        """Algorithm 1's schedule with one activation buffer, from the held input of ``start``.
+
+        For each stage holding some of ``layers`` (in forward order): ``estimate(layer)`` for
+        each of its layers while the stage input is held; then the stage output is recomputed
+        with the step-t weights (line 34) and ``finish(layer, estimate)`` applies or stores each
+        estimate (line 33). Later stages thus see step-t activations (the synchronized update)
+        while at most one stage's estimates are pending. Frozen stages are only advanced.
+        """
+        current = start
+        for stage, group in itertools.groupby(layers, key=lambda layer: layer.stage):
+            group = list(group)
+            while current < stage:
+                self.advance(current)
+                current += 1
+            estimates = [estimate(layer) for layer in group]
+            self.advance(stage)
+            current = stage + 1
+            for layer, est in zip(group, estimates):
+                finish(layer, est)
 
     @torch.no_grad()
     def from_stage(self, k: int, h: torch.Tensor | None = None) -> torch.Tensor:

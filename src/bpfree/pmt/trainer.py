@@ -162,7 +162,7 @@ class PMTTrainer:
         cfg = self.config
         # The stage-by-stage schedule keeps one stage input; the others cache them all.
         lean = cfg.layerwise and cfg.synchronized and cfg.micro_batch is None
-        logits = self.staged.clean(xq, cache=not lean)
+        logits = self.staged.clean(xq, cache=not lean, keep=self.trainable[0].stage)
         self.forwards += xq.shape[0]
         loss = per_sample_loss(logits, y, self.model.output_quant)
         if not bool(torch.isfinite(loss).all()):
@@ -214,27 +214,19 @@ class PMTTrainer:
         step-t activations while at most one stage's gradient buffers are alive at a time.
         """
         cfg, n = self.config, y.shape[0]
-        staged, stats, pending = self.staged, {}, []
-        stage = 0
+        stats = {}
 
-        def finish(k: int) -> None:
-            staged.advance(k)
-            for layer, est in pending:
-                stats[layer.name] = apply_update(layer.module, est, self._rate(layer, lr),
-                                                 gns=cfg.gns, qas=cfg.qas)
-            pending.clear()
-
-        for layer in self.trainable:
-            while stage < layer.stage:
-                finish(stage)
-                stage += 1
-            est = estimate_group(staged, self._group([layer]), [self.index[layer.name]], y,
-                                 loss, cfg.queries, seed)
+        def estimate(layer: TrainableLayer) -> LayerEstimate:
+            est = estimate_group(self.staged, self._group([layer]), [self.index[layer.name]],
+                                 y, loss, cfg.queries, seed)
             self.forwards += cfg.queries * n
-            pending.append((layer, est[layer.name]))
-        for layer, est in pending:
+            return est[layer.name]
+
+        def finish(layer: TrainableLayer, est: LayerEstimate) -> None:
             stats[layer.name] = apply_update(layer.module, est, self._rate(layer, lr),
                                              gns=cfg.gns, qas=cfg.qas)
+
+        self.staged.by_stage(self.trainable, estimate, finish, start=self.trainable[0].stage)
         return stats
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:

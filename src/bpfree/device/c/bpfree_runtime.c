@@ -4,6 +4,7 @@
  * be fused. */
 #include "bpfree_runtime.h"
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #define I32_MIN (-2147483647LL - 1)
@@ -55,9 +56,8 @@ static int64_t rounding_divide(int64_t acc, int64_t count) {
     return (acc > 0 ? acc + half : acc - half) / count;
 }
 
-static int8_t *tensor_at(bpf_model *m, int32_t t, int32_t start) {
-    const bpf_tensor *d = &m->tensors[t];
-    return m->arena + ((start < 0 || t == start) ? d->off : d->alt);
+static int8_t *tensor_at(bpf_model *m, int32_t t, const uint32_t *placement) {
+    return m->arena + (placement ? placement[t] : m->tensors[t].off);
 }
 
 /* QConv2d / QLinear (a linear layer is a 1x1 convolution on a 1x1 map). Output elements are
@@ -159,18 +159,19 @@ static void gap(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, co
         }
 }
 
-/* Runs ops[first_op:] on `batch` samples. start_tensor < 0: the clean forward (every tensor at
- * its `off`); else a partial forward from the cached start_tensor (the others at `alt`). */
-void bpf_forward(bpf_model *m, int32_t first_op, int32_t start_tensor, int32_t batch) {
-    for (int32_t k = first_op; k < m->n_ops; k++) {
+/* Runs ops[first_op:end_op] on `batch` samples. placement NULL: a clean pass (every tensor at
+ * its `off`); else a perturbed pass with the tensors where `placement` puts them. */
+void bpf_forward(bpf_model *m, int32_t first_op, int32_t end_op, const uint32_t *placement,
+                 int32_t batch) {
+    for (int32_t k = first_op; k < end_op; k++) {
         const bpf_op *op = &m->ops[k];
         const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
-        const int8_t *x = tensor_at(m, op->in, start_tensor);
-        int8_t *y = tensor_at(m, op->out, start_tensor);
+        const int8_t *x = tensor_at(m, op->in, placement);
+        int8_t *y = tensor_at(m, op->out, placement);
         int64_t count = (int64_t)batch * to->numel;
         switch (op->kind) {
         case OP_AFFINE: affine(&m->affine[op->param], ti, to, x, y, batch); break;
-        case OP_ADD: add(op, x, tensor_at(m, op->in2, start_tensor), y, count); break;
+        case OP_ADD: add(op, x, tensor_at(m, op->in2, placement), y, count); break;
         case OP_MAXPOOL:
         case OP_AVGPOOL: pool(op, ti, to, x, y, batch); break;
         case OP_GAP: gap(op, ti, to, x, y, batch); break;
@@ -209,9 +210,10 @@ int64_t bpf_fixed_loss(const int8_t *q, int32_t classes, int32_t label,
     return logit_table[mx - q[label]] + lse;
 }
 
-static void losses(bpf_model *m, int32_t start, const int32_t *y, int32_t batch, int64_t *out) {
+static void losses(bpf_model *m, const uint32_t *placement, const int32_t *y, int32_t batch,
+                   int64_t *out) {
     int32_t last = m->ops[m->n_ops - 1].out;
-    const int8_t *logits = tensor_at(m, last, start);
+    const int8_t *logits = tensor_at(m, last, placement);
     for (int32_t n = 0; n < batch; n++)
         out[n] = bpf_fixed_loss(logits + (int64_t)n * m->num_classes, m->num_classes, y[n],
                                 m->exp_table, m->logit_table);
@@ -221,145 +223,245 @@ void bpf_reset(bpf_model *m) {
     for (int32_t t = 0; t < m->n_trainable; t++) {
         bpf_affine *p = &m->affine[m->ops[m->trainable[t].op].param];
         memcpy(p->w, p->w_init, (size_t)m->trainable[t].d_w);
-        memcpy(p->b, p->b_init, sizeof(int32_t) * (size_t)p->cout);
+        if (p->b != p->b_init) /* WP layers train no bias: theirs stays in flash */
+            memcpy(p->b, p->b_init, sizeof(int32_t) * (size_t)p->cout);
     }
     m->steps = 0;
 }
 
-/* Eq. 6 (WP) or Eq. 9-10 (NP) for one layer on one micro-batch: Q perturbed partial forwards
- * from the layer's stage, integer sums added to the layer's gw / gb. */
-static void estimate(bpf_model *m, bpf_trainable *t, uint32_t seed, const int32_t *y,
+static uint32_t query_seed(uint32_t seed, const bpf_trainable *t, int32_t q) {
+    uint64_t idx[2] = {(uint64_t)t->layer_index, (uint64_t)q};
+    return bpf_derive_seed(seed, 2, idx);
+}
+
+/* Algorithm 1 lines 9-11 (WP, Eq. 6) or 19-24 (NP, Eq. 9): Q perturbed partial forwards from
+ * the layer's stage input. Only the loss differences are kept; the estimate is replayed from
+ * them and the seeds in finish(). */
+static void estimate(bpf_model *m, const bpf_trainable *t, uint32_t seed, const int32_t *y,
                      int32_t batch) {
-    bpf_op *op = &m->ops[t->op];
+    const bpf_op *op = &m->ops[t->op];
     bpf_affine *p = &m->affine[op->param];
-    int32_t first = m->stage_first_op[op->stage];
-    int32_t start = m->ops[first].in;
-    uint64_t idx[2];
-    idx[0] = (uint64_t)t->layer_index;
-    if (t->mode == MODE_WP) {
-        memcpy(m->backup, p->w, (size_t)t->d_w);
-        for (int32_t q = 0; q < m->queries; q++) {
-            idx[1] = (uint64_t)q;
-            uint32_t s0 = bpf_derive_seed(seed, 2, idx), s = s0;
+    int32_t first = m->stage_first_op[t->stage];
+    int64_t *d = m->diffs + t->diff_off;
+    if (t->mode == MODE_WP) memcpy(m->backup, p->w, (size_t)t->d_w);
+    for (int32_t q = 0; q < m->queries; q++) {
+        uint32_t s = query_seed(seed, t, q);
+        if (t->mode == MODE_WP) {
             for (int32_t i = 0; i < t->d_w; i++) {
                 s = xorshift32(s);
                 p->w[i] = (int8_t)clampi((int64_t)m->backup[i] + RADEMACHER(s), -128, 127);
             }
-            bpf_forward(m, first, start, batch);
-            losses(m, start, y, batch, m->loss_q);
-            int64_t d = 0;
-            for (int32_t n = 0; n < batch; n++) d += m->loss_q[n] - m->loss[n];
-            s = s0;
-            for (int32_t i = 0; i < t->d_w; i++) {
-                s = xorshift32(s);
-                t->gw[i] = (int64_t)((uint64_t)t->gw[i] + (uint64_t)(d * RADEMACHER(s)));
-            }
+        } else {
+            p->np_seed = s;
         }
-        memcpy(p->w, m->backup, (size_t)t->d_w);
-        t->directions += m->queries;
-        return;
-    }
-    int64_t total = (int64_t)batch * t->d_a;
-    int64_t *z = m->node_grad;
-    for (int64_t i = 0; i < total; i++) z[i] = 0;
-    for (int32_t q = 0; q < m->queries; q++) {
-        idx[1] = (uint64_t)q;
-        uint32_t s0 = bpf_derive_seed(seed, 2, idx), s = s0;
-        p->np_seed = s0;
-        bpf_forward(m, first, start, batch);
+        bpf_forward(m, first, m->n_ops, t->perturbed, batch);
         p->np_seed = 0;
-        losses(m, start, y, batch, m->loss_q);
-        for (int64_t i = 0; i < total; i++) {
-            s = xorshift32(s);
-            z[i] += (m->loss_q[i / t->d_a] - m->loss[i / t->d_a]) * RADEMACHER(s);
+        losses(m, t->perturbed, y, batch, m->loss_q);
+        if (t->mode == MODE_WP) {
+            int64_t sum = 0;
+            for (int32_t n = 0; n < batch; n++) sum += m->loss_q[n] - m->loss[n];
+            d[q] = sum;
+        } else {
+            for (int32_t n = 0; n < batch; n++) d[q * batch + n] = m->loss_q[n] - m->loss[n];
         }
     }
-    /* Eq. 10 through the integer graph: sums of g_z (x - z_x) and of g_z. */
-    const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
-    const int8_t *x = m->arena + ti->off;
-    int32_t cin_g = p->cin / p->groups, cout_g = p->cout / p->groups;
-    for (int32_t n = 0; n < batch; n++)
-        for (int32_t co = 0; co < p->cout; co++) {
-            int32_t g = co / cout_g;
-            for (int32_t oh = 0; oh < to->h; oh++)
-                for (int32_t ow = 0; ow < to->w; ow++) {
-                    int64_t gz = z[(int64_t)n * to->numel + ((int64_t)co * to->h + oh) * to->w + ow];
-                    if (!gz) continue;
-                    t->gb[co] += gz;
-                    for (int32_t ci = 0; ci < cin_g; ci++) {
-                        const int8_t *xc = x + (int64_t)n * ti->numel +
-                                           (int64_t)(g * cin_g + ci) * ti->h * ti->w;
-                        for (int32_t i = 0; i < p->kh; i++) {
-                            int32_t ih = oh * p->sh - p->ph + i * p->dh;
-                            if (ih < 0 || ih >= ti->h) continue;
-                            for (int32_t j = 0; j < p->kw; j++) {
-                                int32_t iw = ow * p->sw - p->pw + j * p->dw;
-                                if (iw < 0 || iw >= ti->w) continue;
-                                t->gw[((int64_t)co * cin_g + ci) * p->kh * p->kw + i * p->kw + j] +=
-                                    gz * ((int64_t)xc[ih * ti->w + iw] - p->in_zp);
-                            }
-                        }
-                    }
-                }
-        }
-    t->directions += (int64_t)batch * m->queries;
+    if (t->mode == MODE_WP) memcpy(p->w, m->backup, (size_t)t->d_w);
 }
 
-/* Eq. 8 and 11: W <- clip(rint(W - G c)), c = lr GNS QAS[ch] (M[ch] for NP) / (N Q) 2^-24. */
-static void update(bpf_model *m, bpf_trainable *t, double lr, int32_t samples) {
-    bpf_affine *p = &m->affine[m->ops[t->op].param];
+/* Eq. 8 and 11 per output channel: the multipliers c of W <- clip(rint(W - G c)),
+ * c = lr GNS QAS[ch] (M[ch] for NP) / (N Q) 2^-24, in bpfree.pmt.exact's order. */
+static void coefficients(const bpf_model *m, const bpf_trainable *t, double lr,
+                         int32_t samples, int32_t c, double *cw, double *cb) {
     int64_t dim = t->mode == MODE_WP ? t->d_w : t->d_a;
-    double rate = lr * t->lr_scale;
-    double gns = m->gns ? (double)t->directions / (double)(t->directions + dim - 1) : 1.0;
-    double step = rate * gns;
+    double step = lr * t->lr_scale;
+    if (m->gns) step = step * ((double)t->directions / (double)(t->directions + dim - 1));
+    double w = step * (m->qas ? t->qas_w[c] : 1.0);
+    double b = step * (m->qas ? t->qas_b[c] : 1.0);
+    if (t->mode == MODE_NP) {
+        w = w * t->requant[c];
+        b = b * t->requant[c];
+    }
     double denom = (double)((int64_t)samples * m->queries);
     double scale = 1.0 / (double)(1L << LOSS_BITS);
-    int32_t per = t->d_w / p->cout;
+    *cw = w / denom * scale;
+    *cb = b / denom * scale;
+}
+
+static int8_t updated_weight(int8_t w, int64_t g, double c) {
+    double v = rint((double)w - (double)g * c);
+    return (int8_t)(v < -128.0 ? -128 : (v > 127.0 ? 127 : v));
+}
+
+static int32_t updated_bias(int32_t b, int64_t g, double c) {
+    double v = rint((double)b - (double)g * c);
+    return (int32_t)(v < -2147483648.0 ? -2147483648.0 : (v > 2147483647.0 ? 2147483647.0 : v));
+}
+
+/* One weight's estimate G: applied at once (Algorithm 1 line 33), or added to the micro-batch
+ * sums when the update waits for the last micro-batch. */
+static void apply_weight(bpf_trainable *t, bpf_affine *p, int64_t i, int64_t g, double c,
+                         int deferred) {
+    if (deferred) t->gw[i] += g;
+    else p->w[i] = updated_weight(p->w[i], g, c);
+}
+
+/* WP (Algorithm 1 lines 12-16): G_i = sum_q d_q xi_q,i, the Q streams replayed side by side. */
+static void finish_wp(bpf_model *m, bpf_trainable *t, uint32_t seed, double lr, int32_t samples,
+                      int deferred) {
+    bpf_affine *p = &m->affine[m->ops[t->op].param];
+    const int64_t *d = m->diffs + t->diff_off;
+    int32_t Q = m->queries, per = t->d_w / p->cout;
+    for (int32_t q = 0; q < Q; q++) m->states[q] = query_seed(seed, t, q);
+    if (deferred) t->directions += Q;
+    else t->directions = Q;
     for (int32_t c = 0; c < p->cout; c++) {
-        double cw = step * (m->qas ? t->qas_w[c] : 1.0);
-        double cb = step * (m->qas ? t->qas_b[c] : 1.0);
-        if (t->mode == MODE_NP) {
-            cw = cw * t->requant[c];
-            cb = cb * t->requant[c];
-        }
-        cw = cw / denom * scale;
-        cb = cb / denom * scale;
+        double cw = 0.0, cb = 0.0;
+        if (!deferred) coefficients(m, t, lr, samples, c, &cw, &cb);
         for (int32_t i = c * per; i < (c + 1) * per; i++) {
-            double v = rint((double)p->w[i] - (double)t->gw[i] * cw);
-            p->w[i] = (int8_t)(v < -128.0 ? -128 : (v > 127.0 ? 127 : v));
-        }
-        if (t->mode == MODE_NP) {
-            double v = rint((double)p->b[c] - (double)t->gb[c] * cb);
-            p->b[c] = (int32_t)(v < -2147483648.0 ? -2147483648.0 : (v > 2147483647.0 ? 2147483647.0 : v));
+            int64_t g = 0;
+            for (int32_t q = 0; q < Q; q++) {
+                uint32_t s = m->states[q] = xorshift32(m->states[q]);
+                g += d[q] * RADEMACHER(s);
+            }
+            apply_weight(t, p, i, g, cw, deferred);
         }
     }
 }
 
-/* One device-exact iteration of Algorithm 1 (bpfree.pmt.exact.exact_step) on n samples. */
+/* NP (Algorithm 1 lines 25-31, Eq. 10): per output channel, the node gradient
+ * g_z = sum_q d_q,n xi_q,n is regenerated from the Q*N streams, then
+ * G_w = sum_n,pos g_z (x - z_x) and G_b = sum g_z with x the layer's clean input, which the
+ * stage pass has just computed. */
+static void finish_np(bpf_model *m, bpf_trainable *t, uint32_t seed, double lr,
+                      int32_t samples, int32_t batch, int deferred) {
+    const bpf_op *op = &m->ops[t->op];
+    bpf_affine *p = &m->affine[op->param];
+    const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
+    const int8_t *x = m->arena + ti->off;
+    const int64_t *d = m->diffs + t->diff_off;
+    int32_t Q = m->queries, hw = to->h * to->w;
+    int32_t cin_g = p->cin / p->groups, cout_g = p->cout / p->groups;
+    int32_t per = cin_g * p->kh * p->kw;
+    /* Stream (q, n) starts where sample n's nodes start in query q's stream (output order). */
+    for (int32_t q = 0; q < Q; q++) {
+        uint32_t s = query_seed(seed, t, q);
+        for (int32_t n = 0; n < batch; n++) {
+            m->states[q * batch + n] = s;
+            if (n + 1 < batch)
+                for (int32_t i = 0; i < t->d_a; i++) s = xorshift32(s);
+        }
+    }
+    if (deferred) t->directions += (int64_t)batch * Q;
+    else t->directions = (int64_t)batch * Q;
+    int64_t *z = m->node_grad;
+    for (int32_t co = 0; co < p->cout; co++) {
+        int32_t g = co / cout_g;
+        double cw = 0.0, cb = 0.0;
+        if (!deferred) coefficients(m, t, lr, samples, co, &cw, &cb);
+        int64_t gb = 0;
+        for (int32_t n = 0; n < batch; n++)
+            for (int32_t e = 0; e < hw; e++) {
+                int64_t v = 0;
+                for (int32_t q = 0; q < Q; q++) {
+                    uint32_t s = m->states[q * batch + n] = xorshift32(m->states[q * batch + n]);
+                    v += d[q * batch + n] * RADEMACHER(s);
+                }
+                z[(int64_t)n * hw + e] = v;
+                gb += v;
+            }
+        for (int32_t k = 0; k < per; k++) {
+            int32_t ci = k / (p->kh * p->kw), i = k / p->kw % p->kh, j = k % p->kw;
+            int64_t gw = 0;
+            for (int32_t n = 0; n < batch; n++) {
+                const int8_t *xc = x + (int64_t)n * ti->numel +
+                                   (int64_t)(g * cin_g + ci) * ti->h * ti->w;
+                const int64_t *zn = z + (int64_t)n * hw;
+                for (int32_t oh = 0; oh < to->h; oh++) {
+                    int32_t ih = oh * p->sh - p->ph + i * p->dh;
+                    if (ih < 0 || ih >= ti->h) continue;
+                    for (int32_t ow = 0; ow < to->w; ow++) {
+                        int32_t iw = ow * p->sw - p->pw + j * p->dw;
+                        if (iw < 0 || iw >= ti->w) continue;
+                        gw += zn[oh * to->w + ow] * ((int64_t)xc[ih * ti->w + iw] - p->in_zp);
+                    }
+                }
+            }
+            apply_weight(t, p, (int64_t)co * per + k, gw, cw, deferred);
+        }
+        if (deferred) t->gb[co] += gb;
+        else p->b[co] = updated_bias(p->b[co], gb, cb);
+    }
+}
+
+static void finish(bpf_model *m, bpf_trainable *t, uint32_t seed, double lr, int32_t samples,
+                   int32_t batch, int deferred) {
+    if (t->mode == MODE_WP) finish_wp(m, t, seed, lr, samples, deferred);
+    else finish_np(m, t, seed, lr, samples, batch, deferred);
+}
+
+/* After the last micro-batch: Eq. 8 / 11 from the accumulated integer sums. */
+static void update_from_sums(bpf_model *m, bpf_trainable *t, double lr, int32_t samples) {
+    bpf_affine *p = &m->affine[m->ops[t->op].param];
+    int32_t per = t->d_w / p->cout;
+    for (int32_t c = 0; c < p->cout; c++) {
+        double cw, cb;
+        coefficients(m, t, lr, samples, c, &cw, &cb);
+        for (int32_t i = c * per; i < (c + 1) * per; i++)
+            p->w[i] = updated_weight(p->w[i], t->gw[i], cw);
+        if (t->mode == MODE_NP) p->b[c] = updated_bias(p->b[c], t->gb[c], cb);
+    }
+}
+
+/* One device-exact iteration of Algorithm 1 (bpfree.pmt.exact.exact_step) on n samples, with
+ * the stage schedule of bpfree.device.plan: one held stage input, no stored gradients. */
 int bpf_step(bpf_model *m, const int8_t *x, const int32_t *y, int32_t n, double lr,
              int64_t *loss_sum) {
     int32_t size = m->micro_batch > 0 ? m->micro_batch : n;
+    int deferred = m->micro_batch > 0;
     if (size > m->max_batch || n < 1) return -1;
     int64_t total = 0;
-    for (int32_t t = 0; t < m->n_trainable; t++) {
-        bpf_trainable *tr = &m->trainable[t];
-        memset(tr->gw, 0, sizeof(int64_t) * (size_t)tr->d_w);
-        memset(tr->gb, 0, sizeof(int64_t) * (size_t)m->affine[m->ops[tr->op].param].cout);
-        tr->directions = 0;
-    }
+    if (deferred)
+        for (int32_t t = 0; t < m->n_trainable; t++) {
+            bpf_trainable *tr = &m->trainable[t];
+            memset(tr->gw, 0, sizeof(int64_t) * (size_t)tr->d_w);
+            memset(tr->gb, 0, sizeof(int64_t) * (size_t)m->affine[m->ops[tr->op].param].cout);
+            tr->directions = 0;
+        }
     const bpf_tensor *in = &m->tensors[0];
     for (int32_t j = 0, lo = 0; lo < n; j++, lo += size) {
         int32_t mb = n - lo < size ? n - lo : size;
-        memcpy(m->arena + in->off, x + (int64_t)lo * in->numel, (size_t)mb * in->numel);
-        bpf_forward(m, 0, -1, mb);
-        losses(m, -1, y + lo, mb, m->loss);
+        const int8_t *xb = x + (int64_t)lo * in->numel;
+        if (xb != m->arena + in->off) memmove(m->arena + in->off, xb, (size_t)mb * in->numel);
+        bpf_forward(m, 0, m->n_ops, NULL, mb);
+        losses(m, NULL, y + lo, mb, m->loss);
         for (int32_t i = 0; i < mb; i++) total += m->loss[i];
         uint64_t idx[2] = {(uint64_t)m->steps, (uint64_t)j};
         uint32_t seed = bpf_derive_seed(m->seed, 2, idx);
-        for (int32_t t = 0; t < m->n_trainable; t++)
-            estimate(m, &m->trainable[t], seed, y + lo, mb);
+        /* The clean forward kept the first trainable stage's input; later stage inputs come
+         * from the stage passes. */
+        int32_t cursor = m->stage_first_op[m->trainable[0].stage];
+        for (int32_t t = 0; t < m->n_trainable;) {
+            int32_t stage = m->trainable[t].stage, first = m->stage_first_op[stage];
+            bpf_forward(m, cursor, first, NULL, mb);  /* frozen stages in between */
+            int32_t u = t;
+            for (; u < m->n_trainable && m->trainable[u].stage == stage; u++)
+                estimate(m, &m->trainable[u], seed, y + lo, mb);
+            /* The stage pass (line 34): step-t activations, each layer finished right after
+             * its operator, while its input is still in the arena. */
+            int32_t end = u == m->n_trainable ? m->trainable[u - 1].op + 1
+                                              : m->stage_first_op[stage + 1];
+            for (int32_t k = first, v = t; k < end; k++) {
+                bpf_forward(m, k, k + 1, NULL, mb);
+                if (v < u && m->trainable[v].op == k)
+                    finish(m, &m->trainable[v++], seed, lr, n, mb, deferred);
+            }
+            cursor = end;
+            t = u;
+        }
     }
-    for (int32_t t = 0; t < m->n_trainable; t++) update(m, &m->trainable[t], lr, n);
+    if (deferred)
+        for (int32_t t = 0; t < m->n_trainable; t++)
+            update_from_sums(m, &m->trainable[t], lr, n);
     m->steps++;
     *loss_sum = total;
     return 0;

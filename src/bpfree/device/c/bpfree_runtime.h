@@ -10,9 +10,10 @@ enum { OP_AFFINE = 0, OP_ADD = 1, OP_MAXPOOL = 2, OP_AVGPOOL = 3, OP_GAP = 4, OP
 enum { MODE_WP = 0, MODE_NP = 1 };
 
 /* An int8 tensor in the arena: NCHW, `numel` elements per sample. `off` is where the clean
- * forward keeps it, `alt` where a perturbed partial forward writes it (differs for tensors the
- * step must keep: cached stage inputs and NP layer inputs). */
-typedef struct { uint32_t off, alt, numel; int32_t c, h, w; } bpf_tensor;
+ * forward and the stage passes write it; a perturbed partial forward writes it where its
+ * stage's table says (bpf_trainable.perturbed), so the held stage input survives the Q
+ * queries (bpfree.device.plan). */
+typedef struct { uint32_t off, numel; int32_t c, h, w; } bpf_tensor;
 
 typedef struct {
     const int8_t *w_init;  /* flash */
@@ -36,25 +37,31 @@ typedef struct {
     int32_t op;            /* index of the affine op */
     int32_t layer_index;   /* index among all integer layers (perturbation seeds) */
     int32_t mode;          /* MODE_WP / MODE_NP */
+    int32_t stage;
     int32_t d_w, d_a;
     const double *qas_w, *qas_b, *requant;  /* per output channel (App. B, Eq. 10) */
     double lr_scale;
-    int64_t *gw, *gb;      /* integer sums of the step (arena) */
+    int32_t diff_off;      /* first slot of this layer's loss differences in bpf_model.diffs */
+    const uint32_t *perturbed;  /* arena offset of every tensor in a perturbed pass */
+    int64_t *gw, *gb;      /* micro-batch accumulation only: integer sums of the step */
     int64_t directions;
 } bpf_trainable;
 
 typedef struct {
     int32_t n_ops, n_tensors, n_trainable, max_batch, num_classes;
-    bpf_op *ops;
-    bpf_tensor *tensors;
+    const bpf_op *ops;
+    const bpf_tensor *tensors;
     bpf_affine *affine;
-    bpf_trainable *trainable;
-    int32_t *stage_first_op;
+    bpf_trainable *trainable;   /* in forward order */
+    const int32_t *stage_first_op;  /* one entry per stage, then n_ops */
     const int64_t *exp_table, *logit_table;
     uint64_t seed;
     int32_t queries, micro_batch, gns, qas;
     int8_t *arena;
-    int64_t *loss, *loss_q, *node_grad;
+    int64_t *loss, *loss_q;
+    int64_t *diffs;        /* l_q - l per query (WP: batch sum; NP: per sample) */
+    uint32_t *states;      /* replayed XORShift32 streams, one per query (and sample for NP) */
+    int64_t *node_grad;    /* one output channel of the regenerated node gradient (NP) */
     int8_t *backup;
     int64_t steps;
 } bpf_model;
@@ -62,7 +69,8 @@ typedef struct {
 uint32_t bpf_derive_seed(uint64_t base, int count, const uint64_t *indices);
 int64_t bpf_fixed_loss(const int8_t *logits, int32_t classes, int32_t label,
                        const int64_t *exp_table, const int64_t *logit_table);
-void bpf_forward(bpf_model *m, int32_t first_op, int32_t start_tensor, int32_t batch);
+void bpf_forward(bpf_model *m, int32_t first_op, int32_t end_op, const uint32_t *placement,
+                 int32_t batch);
 int bpf_step(bpf_model *m, const int8_t *x, const int32_t *y, int32_t n, double lr,
              int64_t *loss_sum);
 void bpf_reset(bpf_model *m);

@@ -1,9 +1,13 @@
 /* Stand-alone driver of a device program: `train` reads samples, runs PMT steps and writes the
  * per-step losses and the trained weights; `infer` writes int8 logits. Files go through stdio:
- * the host's file system, or the debugger host's via semihosting on the emulated MCU.
+ * the host's file system, or the debugger host's via semihosting on the emulated MCU. Samples
+ * are read batch by batch straight into the arena's input slot (PMT §3.4.1 keeps the training
+ * data in external storage), so no copy of the data set occupies SRAM.
  *
  * train.bin: int32 n, numel, steps, batch; float64 lr; int8 x[n * numel]; int32 y[n]
- * infer.bin: int32 n, numel; int8 x[n * numel] */
+ * infer.bin: int32 n, numel; int8 x[n * numel]
+ * With BPFREE_COUNTER defined (the emulated MCU), each step's count of that counter is written
+ * to the file named by the fifth argument. */
 #include <stdio.h>
 #include <string.h>
 #include "bpfree_model.h"
@@ -17,19 +21,54 @@
 #ifndef BPFREE_CLASSES
 #define BPFREE_CLASSES 10
 #endif
+#ifndef BPFREE_MAX_BATCH
+#define BPFREE_MAX_BATCH BPFREE_MAX_SAMPLES
+#endif
+/* With micro-batches a step's batch may exceed the arena's slot: it is staged here. */
+#ifndef BPFREE_MICRO_BATCH
+#define BPFREE_MICRO_BATCH 0
+#endif
+#if BPFREE_MICRO_BATCH
+static int8_t staged_x[BPFREE_MAX_SAMPLES * BPFREE_SAMPLE_BYTES];
+#define BATCH_CAPACITY BPFREE_MAX_SAMPLES
+#else
+#define BATCH_CAPACITY BPFREE_MAX_BATCH
+#endif
 
-static int8_t xs[BPFREE_MAX_SAMPLES * BPFREE_SAMPLE_BYTES];
+#ifdef BPFREE_COUNTER
+uint32_t BPFREE_COUNTER(void);
+#endif
+
 static int32_t ys[BPFREE_MAX_SAMPLES];
-static int8_t batch_x[BPFREE_MAX_SAMPLES * BPFREE_SAMPLE_BYTES];
-static int32_t batch_y[BPFREE_MAX_SAMPLES];
-static int8_t logits[BPFREE_MAX_SAMPLES * BPFREE_CLASSES];
+static int32_t batch_y[BATCH_CAPACITY];
+static int8_t logits[BPFREE_MAX_BATCH * BPFREE_CLASSES];
 
 static int fail(const char *what) {
     fprintf(stderr, "bpfree device program: %s\n", what);
     return 1;
 }
 
-static int train(const char *in_path, const char *out_path) {
+static int8_t *batch_buffer(void) {
+#if BPFREE_MICRO_BATCH
+    return staged_x;
+#else
+    return bpfree_input();
+#endif
+}
+
+static int read_samples(FILE *f, long base, int32_t first, int32_t count, int32_t n,
+                        int8_t *dst) {
+    for (int32_t i = 0; i < count; i++) {
+        int32_t k = (first + i) % n;
+        if (fseek(f, base + (long)k * BPFREE_SAMPLE_BYTES, SEEK_SET) ||
+            fread(dst + (size_t)i * BPFREE_SAMPLE_BYTES, 1, BPFREE_SAMPLE_BYTES, f) !=
+                BPFREE_SAMPLE_BYTES)
+            return 1;
+    }
+    return 0;
+}
+
+static int train(const char *in_path, const char *out_path, const char *count_path) {
     FILE *f = fopen(in_path, "rb");
     if (!f) return fail("cannot open the training file");
     int32_t head[4];
@@ -37,48 +76,69 @@ static int train(const char *in_path, const char *out_path) {
     if (fread(head, sizeof head, 1, f) != 1 || fread(&lr, sizeof lr, 1, f) != 1) return fail("bad header");
     int32_t n = head[0], numel = head[1], steps = head[2], batch = head[3];
     if (n < 1 || n > BPFREE_MAX_SAMPLES || numel != BPFREE_SAMPLE_BYTES || batch < 1 ||
-        batch > BPFREE_MAX_SAMPLES)
+        batch > BATCH_CAPACITY)
         return fail("samples do not match the program (count, size or batch)");
-    if (fread(xs, 1, (size_t)n * numel, f) != (size_t)n * numel ||
+    long base = (long)(sizeof head + sizeof lr);
+    if (fseek(f, base + (long)n * numel, SEEK_SET) ||
         fread(ys, sizeof(int32_t), (size_t)n, f) != (size_t)n)
         return fail("truncated training file");
-    fclose(f);
     FILE *o = fopen(out_path, "wb");
     if (!o) return fail("cannot open the output file");
+    FILE *c = NULL;
+#ifdef BPFREE_COUNTER
+    if (count_path && !(c = fopen(count_path, "wb"))) return fail("cannot open the count file");
+#else
+    (void)count_path;
+#endif
     bpfree_init();
     for (int32_t t = 0; t < steps; t++) {
-        for (int32_t i = 0; i < batch; i++) {
-            int32_t k = (int32_t)(((int64_t)t * batch + i) % n);
-            memcpy(batch_x + (size_t)i * numel, xs + (size_t)k * numel, (size_t)numel);
-            batch_y[i] = ys[k];
-        }
+        int8_t *bx = batch_buffer();
+        if (read_samples(f, base, (int32_t)(((int64_t)t * batch) % n), batch, n, bx))
+            return fail("truncated training file");
+        for (int32_t i = 0; i < batch; i++) batch_y[i] = ys[(int32_t)(((int64_t)t * batch + i) % n)];
         int64_t loss;
-        if (bpfree_step(batch_x, batch_y, batch, lr, &loss)) return fail("step failed");
+#ifdef BPFREE_COUNTER
+        uint32_t before = BPFREE_COUNTER();
+#endif
+        if (bpfree_step(bx, batch_y, batch, lr, &loss)) return fail("step failed");
+#ifdef BPFREE_COUNTER
+        uint32_t ticks = before - BPFREE_COUNTER(); /* a down-counter */
+        if (c) fwrite(&ticks, sizeof ticks, 1, c);
+#endif
         fwrite(&loss, sizeof loss, 1, o);
     }
+    fclose(f);
+    if (c) fclose(c);
+    return 0 * fclose(o);
+}
+
+static int infer(const char *in_path, const char *out_path) {
+    FILE *f = fopen(in_path, "rb");
+    if (!f) return fail("cannot open the inference file");
+    int32_t head[2];
+    if (fread(head, sizeof head, 1, f) != 1 || head[0] < 1 || head[1] != BPFREE_SAMPLE_BYTES)
+        return fail("samples do not match the program");
+    FILE *o = fopen(out_path, "wb");
+    if (!o) return fail("cannot open the logits file");
+    bpfree_init();
+    for (int32_t lo = 0; lo < head[0]; lo += BPFREE_MAX_BATCH) {
+        int32_t mb = head[0] - lo < BPFREE_MAX_BATCH ? head[0] - lo : BPFREE_MAX_BATCH;
+        int8_t *x = bpfree_input();
+        if (read_samples(f, (long)sizeof head, lo, mb, head[0], x))
+            return fail("truncated inference file");
+        bpfree_infer(x, mb, logits);
+        fwrite(logits, 1, (size_t)mb * BPFREE_CLASSES, o);
+    }
+    fclose(f);
     return 0 * fclose(o);
 }
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "train";
-    if (!strcmp(mode, "infer")) {
-        FILE *f = fopen(argc > 2 ? argv[2] : "infer.bin", "rb");
-        if (!f) return fail("cannot open the inference file");
-        int32_t head[2];
-        if (fread(head, sizeof head, 1, f) != 1 || head[0] < 1 || head[0] > BPFREE_MAX_SAMPLES ||
-            head[1] != BPFREE_SAMPLE_BYTES)
-            return fail("samples do not match the program");
-        if (fread(xs, 1, (size_t)head[0] * head[1], f) != (size_t)head[0] * head[1])
-            return fail("truncated inference file");
-        fclose(f);
-        bpfree_init();
-        bpfree_infer(xs, head[0], logits);
-        FILE *o = fopen(argc > 3 ? argv[3] : "logits.bin", "wb");
-        if (!o) return fail("cannot open the logits file");
-        fwrite(logits, 1, (size_t)head[0] * BPFREE_CLASSES, o);
-        return 0 * fclose(o);
-    }
-    int rc = train(argc > 2 ? argv[2] : "train.bin", argc > 3 ? argv[3] : "losses.bin");
+    if (!strcmp(mode, "infer"))
+        return infer(argc > 2 ? argv[2] : "infer.bin", argc > 3 ? argv[3] : "logits.bin");
+    int rc = train(argc > 2 ? argv[2] : "train.bin", argc > 3 ? argv[3] : "losses.bin",
+                   argc > 5 ? argv[5] : NULL);
     if (rc) return rc;
     FILE *o = fopen(argc > 4 ? argv[4] : "weights.bin", "wb");
     if (!o) return fail("cannot open the weights file");
