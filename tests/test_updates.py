@@ -73,3 +73,39 @@ def test_map_transforms_update_their_state_in_place_and_return_the_new_gradients
     assert state["buffers"][0] is buf  # same buffer, updated in place
     assert out1[0].tolist() == [1.5, 1.0, -2.0]  # b_1 = 0.5 * b_0 + g_1, aliasing the buffer
     assert out2[0].tolist() == [1.5, 1.0, -2.0]
+
+
+def test_integer_update_is_eq8_with_per_channel_qas_in_the_gradient_buffer():
+    from bpfree.updates import integer_update_
+
+    w = torch.tensor([[10, -10], [100, 0]], dtype=torch.int8)
+    g = torch.tensor([[1.0, -3.0], [-40.0, 0.2]], dtype=torch.float64)
+    qas = torch.tensor([1.0, 4.0], dtype=torch.float64)  # 1/s^2 for s = 1, 0.5
+    out = integer_update_(g, w, 0.5, -128, 127, qas)
+    assert out is g  # no second buffer (PMT §3.2.2)
+    # 10 - 0.5, -10 + 1.5, 100 + 80 (clips), 0 - 0.4
+    assert out.tolist() == [[10.0, -8.0], [127.0, 0.0]]
+    with pytest.raises(ValueError, match="one value per output channel"):
+        integer_update_(torch.zeros(2, 2, dtype=torch.float64), w, 0.5, -128, 127,
+                        torch.ones(3, dtype=torch.float64))
+
+
+def test_adamw_transform_matches_torch_adamw():
+    """QZO-FF's AdamW (transforms.AdamW times the rate) against torch.optim.AdamW, whose
+    decoupled decay w <- w - lr*wd*w is the same first-order step."""
+    from bpfree.qzoff import FloatOptimizer
+
+    torch.manual_seed(0)
+    w_ours = torch.randn(5, dtype=torch.float64)
+    w_ref = w_ours.clone().requires_grad_(True)
+    ref = torch.optim.AdamW([w_ref], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ours = FloatOptimizer("adamw", betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(4):
+        g = torch.randn(5, dtype=torch.float64)
+        w_ref.grad = g.clone()
+        ref.step()
+        w_ours = w_ours - ours.steps([g], [w_ours], 0.01)[0]
+    assert torch.allclose(w_ours, w_ref.detach(), rtol=0, atol=1e-12)
+    assert ours.state["t"] == 4 and ours.t == 4
+    with pytest.raises(ValueError, match="beta1"):
+        FloatOptimizer("sgd", betas=(1.0, 0.9))

@@ -162,13 +162,20 @@ def _losses_lean(closure, ctx: QueryContext, seeds, points) -> list[float]:
         repairs = []
         try:
             for i, p in enumerate(ctx.params):
-                repairs.append(perturb_(p.data, dist, seeds[q][i], alpha))
+                repairs.append(perturb_(p.data, dist, seeds[q][i], _alpha_for(p, alpha)))
             with torch.no_grad():
                 out.append(loss_value(closure()))
         finally:
             for i, rep in enumerate(repairs):
-                restore_(ctx.params[i].data, dist, seeds[q][i], alpha, rep)
+                restore_(ctx.params[i].data, dist, seeds[q][i], _alpha_for(ctx.params[i], alpha),
+                         rep)
     return out
+
+
+def _alpha_for(p, alpha: float):
+    """An integer tensor takes a whole radius as an int (``perturb_`` adds ``alpha`` times the
+    integer codes exactly); a fractional one is passed on for ``perturb_`` to refuse."""
+    return int(alpha) if not p.is_floating_point() and float(alpha).is_integer() else alpha
 
 
 def _losses_batched(objective, ctx: QueryContext, seeds, points) -> list[float]:

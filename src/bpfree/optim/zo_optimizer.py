@@ -8,7 +8,25 @@
         loss = opt.step(Objective(model, x, y))   # forward passes only
 
 One step = estimate (an estimator from :mod:`bpfree.estimators`) → transforms
-(:mod:`bpfree.transforms`) → SGD update ``θ ← θ − η_t · Π(scales) · T(ĝ)`` (PMT Eq. 5/8).
+(:mod:`bpfree.transforms`) → the update rule of each parameter group (:mod:`bpfree.updates`):
+
+* ``"sgd"`` (default), float tensors: ``θ ← θ − η_t · Π(scales) · T(ĝ)`` (PMT Eq. 5).
+* ``"round_and_clip"``, integer tensors: PMT Eq. 8 with Eq. 11's rounding,
+  ``W ← clip(round(W − η_t · Π(scales) · ĝ))``; GNS and QAS are the scale transforms, QAS per
+  output channel when the group's ``scale`` is a tensor.
+* ``"fixed_point"``, integer tensors: QZO-FF Eq. 8 / Appendix A, the real factor
+  ``η_t · Π(scales) · Δz / (K · Δw)`` as one TFLite multiply-and-shift of the integer
+  accumulator ``Σ_k s_k z_k`` (``s_k`` the sign of each query, ``z_k`` its integer direction
+  codes, ``K`` the directions kept), then saturation to ``±(2**(b−1) − 1)``.
+
+Integer tensors are perturbed exactly in their dtype by ``μ`` times the distribution's integer
+codes (``sample_int``: ±1 for Rademacher, ``z_q`` for the quantized Gaussian), so ``μ`` must be a
+whole number (PMT: ``μ = 1``) and the estimate is taken in code units. A perturbation that
+would leave the dtype's range raises ``OverflowError``, weights untouched: keep codes of ``b``
+bits in a wider dtype (int8 codes in int16, with ``bits=8``) so the update clips them and the
+perturbation still fits. Only a weight-perturbation estimator whose estimate is a seed-weighted
+sum (``rge``, ``spsa``, ``sign_spsa``) feeds integer groups, in lean mode, with scale
+transforms only: there is no float gradient buffer for a tensor transform to work on.
 
 Execution modes give the same estimate for the same seeds:
 
@@ -32,14 +50,40 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..estimators import QueryContext, get_estimator, materialize
+from ..estimators import QueryContext, WeightPerturbation, get_estimator, materialize
 from ..objective import Objective
 from ..perturb import add_direction_, derive_seed, get_distribution
-from ..updates import sgd_
+from ..updates import (UPDATE_RULES, fixed_point_update, integer_update_, qmax, sgd_,
+                       update_multiplier)
 from ..transforms import TensorInfo, split_transforms
 from .params import owners
 
 MODES = ("lean", "batched")
+#: Tensor dtypes the integer update rules accept.
+INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32)
+
+
+def _integer_range(group: dict, p: Tensor, where: str) -> tuple[int, int, int]:
+    """``(low, high, bits)`` an integer group's rule keeps ``p`` in (the class docstring's
+    ``bits``), or ValueError naming the allowed widths."""
+    width = 8 * p.element_size()
+    bits = group.get("bits")
+    fixed = group["update"] == "fixed_point"
+    if bits is None:
+        if not fixed:
+            info = torch.iinfo(p.dtype)
+            return info.min, info.max, width
+        if width > 16:
+            raise ValueError(f"{where}: a fixed-point group of {p.dtype} tensors needs 'bits', "
+                             "the weight bit width b of QZO-FF, an int in [2, 31]")
+        bits = width
+    top = min(width, 31) if fixed else width
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= top:
+        raise ValueError(f"{where}: bits must be an int in [2, {top}] for {p.dtype} tensors, "
+                         f"got {bits!r}")
+    if fixed:
+        return -qmax(bits), qmax(bits), bits
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1, bits
 
 
 @dataclass
@@ -60,8 +104,14 @@ class ZOOptimizer(torch.optim.Optimizer):
 
     Args:
         params: tensors, ``(name, tensor)`` pairs (e.g. from :func:`select_parameters`), or
-            parameter-group dicts. A group may set ``lr`` and ``scale`` (quantization scale
-            ``s_θ`` used by quantization-aware scaling; default 1.0).
+            parameter-group dicts. A group may set ``lr``; ``update``, its rule (one of
+            :data:`bpfree.updates.UPDATE_RULES`, default ``"sgd"``); ``scale``, the
+            quantization scale ``s_θ`` (``Δw`` of the fixed-point rule, the ``s`` of
+            quantization-aware scaling; default 1.0), a number, or for an integer group a 1-D
+            tensor with one scale per output channel (dim 0) of each of its tensors; and
+            ``bits``, the integer range of an integer group (``round_and_clip``:
+            ``[−2**(b−1), 2**(b−1) − 1]``, default the dtype's range; ``fixed_point``:
+            ``±(2**(b−1) − 1)``, default the dtype's width for int8/int16, required for int32).
         lr: base learning rate ``η``.
         estimator: an estimator object or name (``bpfree.estimators.list_estimators()``).
         distribution: direction distribution object or name (``bpfree.perturb``).
@@ -95,28 +145,83 @@ class ZOOptimizer(torch.optim.Optimizer):
         self.schedule = schedule
         self.mode = mode
         self.chunk_size = chunk_size
-        super().__init__(params, {"lr": float(lr), "scale": 1.0})
+        super().__init__(params, {"lr": float(lr), "scale": 1.0, "update": "sgd", "bits": None})
         self.state["zo"] = {"step": 0, "seed": seed, "forward_passes": 0, "dropped": 0}
         self.state["transforms"] = [m.init(self._params()) for m in self._maps]
         self.state["config"] = self._config()
         self.last_stats: StepStats | None = None
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's, plus checks of the group's own ``lr`` and ``scale`` and of its dtypes."""
+        """torch's, plus checks of the group's ``lr``, ``update``, ``scale`` and ``bits``
+        against its tensors' dtypes and the optimizer's estimator, distribution and mode."""
         index = len(self.param_groups)
-        for key, lowest in (("lr", 0.0), ("scale", None)):
-            value = param_group.get(key, self.defaults[key])
+        rule = param_group.get("update", self.defaults["update"])
+        if rule not in UPDATE_RULES:
+            raise ValueError(f"param group {index}: update must be one of {UPDATE_RULES}, "
+                             f"got {rule!r}")
+        scale = param_group.get("scale", self.defaults["scale"])
+        values = [("lr", param_group.get("lr", self.defaults["lr"]), ">= 0")]
+        if not (rule != "sgd" and isinstance(scale, Tensor)):
+            values.append(("scale", scale, "> 0"))
+        for key, value, bound in values:
             if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0 or (lowest is None and value == 0)):
-                bound = ">= 0" if lowest is not None else "> 0"
+                    or not math.isfinite(value) or value < 0 or (bound == "> 0" and value == 0)):
                 raise ValueError(f"param group {index}: {key} must be a finite number {bound}, "
                                  f"got {value!r}")
         super().add_param_group(param_group)
-        for p in self.param_groups[-1]["params"]:
-            if not p.is_floating_point():
-                raise TypeError(
-                    f"ZOOptimizer updates floating-point tensors; got dtype {p.dtype}. Integer "
-                    "(quantized) parameters need an integer update rule")
+        group = self.param_groups[-1]
+        try:
+            if rule != "sgd":
+                self._check_integer_group(group, index)
+            for p in group["params"]:
+                if rule == "sgd" and not p.is_floating_point():
+                    raise TypeError(
+                        f"param group {index}: the 'sgd' update rule updates floating-point "
+                        f"tensors; got dtype {p.dtype}. Integer (quantized) parameters need a "
+                        "group with update='round_and_clip' (PMT Eq. 8) or 'fixed_point' "
+                        "(QZO-FF Eq. 8)")
+        except (TypeError, ValueError):
+            self.param_groups.pop()  # a refused group leaves the optimizer as it was
+            raise
+
+    def _check_integer_group(self, group: dict, index: int) -> None:
+        """Refuse, naming the problem, an integer group the integer rules cannot update."""
+        rule, where = group["update"], f"param group {index} ({group['update']!r})"
+        for p in group["params"]:
+            if p.dtype not in INTEGER_DTYPES:
+                raise TypeError(f"{where}: integer update rules update {INTEGER_DTYPES} tensors, "
+                                f"got dtype {p.dtype}; float tensors take update='sgd'")
+            _integer_range(group, p, where)
+            scale = group["scale"]
+            if isinstance(scale, Tensor) and not (
+                    scale.dim() == 1 and p.dim() >= 1 and scale.numel() == p.shape[0]
+                    and scale.is_floating_point() and bool(torch.isfinite(scale).all())
+                    and bool((scale > 0).all())):
+                raise ValueError(f"{where}: a tensor scale must be 1-D with one finite scale > 0 "
+                                 f"per output channel (dim 0) of each tensor; got shape "
+                                 f"{tuple(scale.shape)} for a tensor of shape {tuple(p.shape)}")
+        if self.mode != "lean":
+            raise ValueError(f"{where}: integer tensors are perturbed in place; use "
+                             f"mode='lean', got {self.mode!r}")
+        if self._maps:
+            raise TypeError(f"{where}: integer groups take scale transforms only (e.g. GNS, "
+                            f"QAS); {[repr(m) for m in self._maps]} need a float gradient "
+                            "buffer")
+        if not getattr(self.distribution, "integer_valued", False):
+            raise ValueError(f"{where}: integer tensors need an integer-valued distribution "
+                             f"('rademacher', 'quantized_gaussian'), got "
+                             f"{self.distribution.name!r}")
+        est = self.estimator
+        if not isinstance(est, WeightPerturbation) or est.sign_estimate:
+            raise TypeError(f"{where}: integer groups need a weight-perturbation estimator whose "
+                            f"estimate is a seed-weighted sum (rge, spsa, sign_spsa), got {est!r}")
+        if float(est.mu) != int(est.mu):
+            raise ValueError(f"{where}: integer tensors are perturbed by mu times integer codes, "
+                             f"so mu must be a whole number (PMT uses mu = 1), got {est.mu!r}")
+        if rule == "fixed_point" and not est.sign_difference:
+            raise TypeError(f"{where}: the fixed-point update needs integer direction "
+                            "coefficients, the signs of sign_spsa (QZO-FF Eq. 3), got "
+                            f"{est!r}")
 
     # -- helpers -------------------------------------------------------------------------
     def _params(self) -> list[Tensor]:
@@ -185,7 +290,13 @@ class ZOOptimizer(torch.optim.Optimizer):
         t = zo["step"]
         ctx = self.context(closure)
         params, names = ctx.params, ctx.names
-        est = self.estimator.estimate(ctx)
+        try:
+            est = self.estimator.estimate(ctx)
+        except OverflowError as exc:
+            raise OverflowError(
+                f"{exc}. An integer tensor at the edge of its dtype cannot be perturbed: keep "
+                "its codes in a wider dtype and give the group 'bits' (e.g. int8 codes in an "
+                "int16 tensor with bits=8); weights left unchanged") from exc
         multiplier = self.schedule(t) if self.schedule is not None else 1.0
         applied = est.dropped < est.queries
         if applied:
@@ -199,18 +310,43 @@ class ZOOptimizer(torch.optim.Optimizer):
         return est.loss
 
     def _apply(self, est, params, names, t, multiplier) -> bool:
-        lrs, infos = [], []
+        lrs, channels, infos, groups = [], [], [], []
         i = 0
-        for group in self.param_groups:
+        for g_index, group in enumerate(self.param_groups):
+            scale = group["scale"]
+            scale = scale.to(torch.float64) if isinstance(scale, Tensor) else float(scale)
             for _ in group["params"]:
                 info = TensorInfo(name=names[i], num_directions=est.num_directions[i],
-                                  dim=est.dims[i], scale=float(group["scale"]), step=t)
-                factor = 1.0
+                                  dim=est.dims[i], scale=scale, step=t)
+                factor, channel = 1.0, None
                 for s in self._scales:
-                    factor *= s.factor(info)
+                    f = s.factor(info)
+                    if isinstance(f, Tensor):  # per-channel (QAS of a per-channel scale)
+                        channel = f if channel is None else channel * f
+                    else:
+                        factor *= f
                 lrs.append(group["lr"] * multiplier * factor)
+                channels.append(channel)
                 infos.append(info)
+                groups.append((g_index, group))
                 i += 1
+        # .get: a state saved before groups named their rule loads groups without the key
+        floats = [j for j, (_, g) in enumerate(groups) if g.get("update", "sgd") == "sgd"]
+        ints = [j for j, (_, g) in enumerate(groups) if g.get("update", "sgd") != "sgd"]
+        if ints and not bool(torch.isfinite(est.weights).all()):
+            return False  # never let a non-finite estimate reach the weights
+        if floats and not self._apply_float(est, [params[j] for j in floats],
+                                            [names[j] for j in floats],
+                                            [lrs[j] for j in floats],
+                                            [infos[j] for j in floats], floats):
+            return False
+        for j in ints:
+            self._apply_integer(est, params[j], j, *groups[j], lrs[j], channels[j])
+        return True
+
+    def _apply_float(self, est, params, names, lrs, infos, index) -> bool:
+        """The ``sgd`` rule on the float tensors (``index``: their positions in the step)."""
+        seeds = None if est.seeds is None else [[row[j] for j in index] for row in est.seeds]
         if est.is_lazy and not self._maps:
             # Apply Σ_k w_k ξ_k straight from the seeds: no gradient buffer (MeZO / PMT Alg. 1).
             reach = sum(abs(w) for w in est.weights.tolist()) * self._direction_bound()
@@ -219,10 +355,10 @@ class ZOOptimizer(torch.optim.Optimizer):
                 if w == 0.0:
                     continue
                 for j, p in enumerate(params):
-                    add_direction_(p.data, self.distribution, est.seeds[k][j], -lrs[j] * w)
+                    add_direction_(p.data, self.distribution, seeds[k][j], -lrs[j] * w)
             return True
-        grads = est.grads if not est.is_lazy else materialize(params, self.distribution,
-                                                              est.weights, est.seeds)
+        grads = ([est.grads[j] for j in index] if not est.is_lazy
+                 else materialize(params, self.distribution, est.weights, seeds))
         if any(g is None for g in grads):
             missing = [names[j] for j, g in enumerate(grads) if g is None]
             raise RuntimeError(f"the estimator produced no gradient for {missing}")
@@ -236,6 +372,39 @@ class ZOOptimizer(torch.optim.Optimizer):
         for p, g, lr in zip(params, grads, lrs):
             sgd_(p.data, g, lr)
         return True
+
+    def _code_sum(self, p: Tensor, j: int, seeds, coefs, dtype) -> Tensor:
+        """``Σ_k c_k z_k`` for tensor ``j``, ``z_k`` the integer codes its perturbation added."""
+        out = torch.zeros(p.shape, dtype=dtype, device=p.device)
+        for k, c in enumerate(coefs):
+            if c != 0:
+                z = self.distribution.sample_int(seeds[k][j], p.shape, dtype=torch.int64,
+                                                 device=p.device)
+                out.add_(z.to(dtype) * c)
+        return out
+
+    def _apply_integer(self, est, p: Tensor, j: int, g_index: int, group: dict, lr: float,
+                       channel: Tensor | None) -> None:
+        """The group's integer rule on tensor ``j`` (see the module docstring)."""
+        where = f"param group {g_index} ({group['update']!r})"
+        low, high, bits = _integer_range(group, p, where)
+        weights = est.weights.tolist()
+        if group["update"] == "round_and_clip":
+            g = self._code_sum(p, j, est.seeds, weights, torch.float64)
+            new = integer_update_(g, p.data, lr, low, high, channel)
+        else:
+            kept = est.num_directions[j]
+            signs = [round(w * kept) for w in weights]
+            if any(abs(w * kept - s) > 1e-6 for w, s in zip(weights, signs)):
+                raise ValueError(f"{where}: the fixed-point update needs integer direction "
+                                 f"coefficients, got {[w * kept for w in weights]}")
+            acc = self._code_sum(p, j, est.seeds, signs, torch.int64)
+            w_scale = torch.as_tensor(group["scale"], dtype=torch.float64)
+            if channel is not None:  # a per-channel transform factor multiplies the real
+                w_scale = w_scale / channel
+            mult, shift = update_multiplier(lr, self.distribution.int_scale, w_scale, kept)
+            new, _ = fixed_point_update(p.data, acc, mult, shift, bits)
+        p.data.copy_(new.to(p.dtype))
 
     def _direction_bound(self) -> float:
         """Largest |ξ| a direction can hold: 1 for Rademacher, z_max for the quantized

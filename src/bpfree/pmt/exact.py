@@ -35,6 +35,7 @@ import torch
 from ..perturb import derive_seed, rademacher_xorshift
 from ..quant.layers import QConv2d
 from ..transforms.scaling import gradient_norm_factor
+from ..updates import round_and_clip_
 from .estimate import requant_scale
 from .graph import StagedModel, TrainableLayer
 from .update import INT32_MAX, INT32_MIN, quantization_aware_scales
@@ -202,16 +203,18 @@ def apply_exact_update(module, est: ExactEstimate, lr: float, samples: int, quer
                        gns: bool, qas: bool) -> dict:
     """Eq. 8 / 11 on the integer sums: ``clip(rint(W - G c))`` per output channel."""
     cw, cb = update_coefficients(module, est, lr, samples, queries, gns=gns, qas=qas)
-    w = module.weight.numpy().astype(np.float64)
-    shape = (-1, *[1] * (w.ndim - 1))
-    w_new = np.clip(np.rint(w - est.weight.astype(np.float64) * cw.reshape(shape)), -128, 127)
-    changed = float((w_new != w).mean())
-    module.weight.copy_(torch.from_numpy(w_new.astype(np.int8)))
+    shape = (-1, *[1] * (est.weight.ndim - 1))
+    # W + (-(G c)) is W - G c to the bit (negation is exact), so the shared rule rounds the
+    # same double the C computes.
+    step = torch.from_numpy(-(est.weight.astype(np.float64) * cw.reshape(shape)))
+    w_new = round_and_clip_(step, module.weight, -128, 127)
+    changed = float((w_new != module.weight).to(torch.float64).mean())
+    module.weight.copy_(w_new.to(torch.int8))
     if est.bias is not None:
-        b = module.bias.numpy().astype(np.float64)
-        b_new = np.clip(np.rint(b - est.bias.astype(np.float64) * cb), INT32_MIN, INT32_MAX)
-        module.bias.copy_(torch.from_numpy(b_new.astype(np.int32)))
-    return {"gns": est.directions / (est.directions + est.dimension - 1) if gns else 1.0,
+        step = torch.from_numpy(-(est.bias.astype(np.float64) * cb))
+        module.bias.copy_(round_and_clip_(step, module.bias, INT32_MIN, INT32_MAX)
+                          .to(torch.int32))
+    return {"gns": gradient_norm_factor(est.directions, est.dimension) if gns else 1.0,
             "changed": changed}
 
 

@@ -1,7 +1,8 @@
 """PMT's integer parameter update: Eq. 8 with GNS and QAS, rounded and clipped (Eq. 11).
 
 A composition of shared pieces: the GNS and QAS factors of :mod:`bpfree.transforms.scaling`
-and the :func:`bpfree.updates.round_and_clip_` rule; what is PMT's own here is the
+and the :func:`bpfree.updates.integer_update_` rule (the one a ``round_and_clip`` parameter
+group of :class:`~bpfree.optim.ZOOptimizer` goes through); what is PMT's own here is the
 per-output-channel scale bookkeeping of its int8 layers and the in-place buffer reuse.
 
 ``W <- clip(round(W - eta_t * GNS * QAS * g), -128, 127)`` for int8 weights and the int32 range
@@ -23,7 +24,7 @@ import math
 import torch
 
 from ..transforms.scaling import gradient_norm_factor, quantization_aware_factor
-from ..updates import round_and_clip_
+from ..updates import integer_update_
 from .estimate import LayerEstimate
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -47,10 +48,6 @@ def _all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(t.sum(dtype=torch.float64)))
 
 
-def _channel_view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return t.view(-1, *[1] * (like.dim() - 1))
-
-
 @torch.no_grad()
 def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
                  gns: bool = True, qas: bool = True) -> dict[str, float]:
@@ -72,16 +69,10 @@ def apply_update(layer: torch.nn.Module, estimate: LayerEstimate, lr: float, *,
     qw, qb = quantization_aware_scales(layer) if qas else (None, None)
     # The estimate is consumed in place: the gradient buffer becomes the new weights, so the
     # update needs no second buffer of the layer's size (PMT §3.2.2: in-place swap).
-    gw = estimate.weight.mul_(-step)
-    if qas:
-        gw.mul_(_channel_view(qw.to(gw.device), gw))
-    w_new = round_and_clip_(gw, layer.weight, -128, 127)
+    w_new = integer_update_(estimate.weight, layer.weight, step, -128, 127, qw)
     changed = float((w_new != layer.weight).sum()) / max(w_new.numel(), 1)
     layer.weight.copy_(w_new)
     if estimate.bias is not None:
-        gb = estimate.bias.mul_(-step)
-        if qas:
-            gb.mul_(qb.to(gb.device))
-        b_new = round_and_clip_(gb, layer.bias, INT32_MIN, INT32_MAX)
+        b_new = integer_update_(estimate.bias, layer.bias, step, INT32_MIN, INT32_MAX, qb)
         layer.bias.copy_(b_new.to(torch.int32))
     return {"gns": factor, "changed": changed}

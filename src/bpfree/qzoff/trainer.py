@@ -54,9 +54,9 @@ from ..perturb import (
     quantized_gaussian_codes,
     quantized_one,
 )
-from ..quant.fixed_point import quantize_multiplier
 from ..transforms.shaping import KernelwiseNormalization
-from ..updates import fixed_point_update, saturate, update_multiplier
+from ..updates import (fixed_point_update, quantize_multipliers, subtract_and_saturate,
+                       update_multiplier)
 from . import fixed_point as fxp
 from .model import ActivationQuantizer, QuantizedParams, select_parameters
 from .optim import OPTIMIZERS, FloatOptimizer
@@ -425,11 +425,10 @@ class QZOFF:
             else:
                 steps = self.optimizer.steps(est.grads, self.float_weights(), lr)
                 for k, st in enumerate(steps):
+                    # the float step re-quantized to the weight scale, round half to even
                     wbar = torch.round(st.to(torch.float64) / self.qp.scale_view(k))
-                    if self.masks[k] is not None:
-                        wbar = wbar * self.masks[k]
-                    new = self.qp.codes[k].to(torch.int64) - wbar.to(torch.int64)
-                    self.qp.codes[k] = saturate(new, c.w_bits).to(torch.int32)
+                    self.qp.codes[k] = subtract_and_saturate(self.qp.codes[k], wbar, c.w_bits,
+                                                             self.masks[k])
         else:
             steps = self.optimizer.steps(est.grads, self.weights, lr)
             for k, st in enumerate(steps):
@@ -453,11 +452,7 @@ class QZOFF:
                 scale, dtype=torch.int64)
         wnorm = float(torch.linalg.vector_norm(self.qp.dequantize(k, self.qp.codes[k])
                                                .to(torch.float64)))
-        reals = (lr * wnorm / (gnorm * scale)).reshape(-1)
-        pairs = [quantize_multiplier(float(r)) for r in reals]
-        mult = torch.tensor([p[0] for p in pairs], dtype=torch.int64).reshape(scale.shape)
-        shift = torch.tensor([p[1] for p in pairs], dtype=torch.int64).reshape(scale.shape)
-        return mult, shift
+        return quantize_multipliers(lr * wnorm / (gnorm * scale))
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
         """One QZO-FF step on the batch ``(x, y)`` with learning rate ``lr``."""

@@ -33,21 +33,23 @@ class TensorInfo:
         dim: dimension ``d`` of the perturbed space behind the estimate (the whole perturbed
             parameter set for model-wise WP, the layer's ``d_w`` for layer-wise WP, ``d_a`` for
             NP; PMT §3.2.2).
-        scale: quantization scale ``s_θ`` of the parameter (1.0 for float parameters).
+        scale: quantization scale ``s_θ`` of the parameter (1.0 for float parameters); a
+            float64 tensor of per-output-channel scales for an integer group given one.
         step: optimizer step index (0-based).
     """
 
     name: str
     num_directions: int
     dim: int
-    scale: float = 1.0
+    scale: float | Tensor = 1.0
     step: int = 0
 
 
 class ScaleTransform:
-    """A transform that only multiplies each tensor's update by a scalar."""
+    """A transform that only multiplies each tensor's update by a scalar (or, for a tensor of
+    per-channel scales, by one scalar per output channel)."""
 
-    def factor(self, info: TensorInfo) -> float:  # pragma: no cover - interface
+    def factor(self, info: TensorInfo) -> float | Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
     def __repr__(self) -> str:

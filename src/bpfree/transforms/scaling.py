@@ -6,6 +6,8 @@ integer update (:mod:`bpfree.pmt.update`), so each formula exists once.
 
 from __future__ import annotations
 
+import torch
+
 from .base import ScaleTransform, TensorInfo
 
 
@@ -41,8 +43,9 @@ class QuantizationAwareScaling(ScaleTransform):
     rescaled by ``1/s_θ²`` to follow the float update. Float parameters have ``s_θ = 1``.
     """
 
-    def factor(self, info: TensorInfo) -> float:
-        if not info.scale > 0:
+    def factor(self, info: TensorInfo):
+        """``1/s²``: a float, or a tensor of per-channel factors for a tensor of scales."""
+        if not bool(torch.all(torch.as_tensor(info.scale) > 0)):
             raise ValueError(f"quantization scale of {info.name!r} must be > 0, got {info.scale}")
         return quantization_aware_factor(info.scale)
 

@@ -1,4 +1,4 @@
-"""Tensor-valued gradient transforms: sign, momentum, kernel-wise normalization, clipping."""
+"""Tensor-valued gradient transforms: sign, momentum, AdamW, kernel-wise normalization, clipping."""
 
 from __future__ import annotations
 
@@ -48,6 +48,51 @@ class Momentum(MapTransform):
 
     def __repr__(self) -> str:
         return f"Momentum(beta={self.beta})"
+
+
+class AdamW(MapTransform):
+    """AdamW's direction (Loshchilov & Hutter 2019), ``m̂/(√v̂ + eps) + λ·w``, with
+    ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²`` and bias correction ``m̂ = m/(1−β1^t)``,
+    ``v̂ = v/(1−β2^t)``; ``t`` counts this transform's updates. The learning rate multiplies
+    the result (QZO-FF §3.4 pairs the forward gradient with AdamW, Table 9: β = (0.9, 0.95),
+    λ = 0)."""
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        b1, b2 = betas
+        for label, v in (("beta1", b1), ("beta2", b2)):
+            if not (math.isfinite(v) and 0.0 <= v < 1.0):
+                raise ValueError(f"AdamW {label} must be in [0, 1), got {v}")
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"AdamW eps must be a finite number > 0, got {eps}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.betas = (float(b1), float(b2))
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+
+    def init(self, params):
+        # moments are created from the first gradients (their dtype, not the parameters')
+        return {"m": [None] * len(params), "v": [None] * len(params), "t": 0}
+
+    def update(self, grads, state, infos, params):
+        b1, b2 = self.betas
+        state["t"] += 1
+        t = state["t"]
+        out = []
+        for i, (g, w) in enumerate(zip(grads, params, strict=True)):
+            if state["m"][i] is None:
+                state["m"][i], state["v"][i] = torch.zeros_like(g), torch.zeros_like(g)
+            m, v = state["m"][i], state["v"][i]
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            m_hat = m / (1 - b1 ** t)
+            v_hat = v / (1 - b2 ** t)
+            out.append(m_hat / (v_hat.sqrt() + self.eps) + self.weight_decay * w)
+        return out
+
+    def __repr__(self) -> str:
+        return f"AdamW(betas={self.betas}, eps={self.eps}, weight_decay={self.weight_decay})"
 
 
 class KernelwiseNormalization(MapTransform):
@@ -107,6 +152,11 @@ def sign() -> Sign:
 
 def momentum(beta: float = 0.9) -> Momentum:
     return Momentum(beta)
+
+
+def adamw(betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+          weight_decay: float = 0.0) -> AdamW:
+    return AdamW(betas, eps, weight_decay)
 
 
 def kernelwise_normalization() -> KernelwiseNormalization:

@@ -37,11 +37,27 @@ def update_multiplier(lr: float, z_scale: float, w_scale: torch.Tensor, m: int
     ``(0, 0)`` (no update), as TFLite does."""
     if not (math.isfinite(lr) and lr >= 0):
         raise ValueError(f"lr must be a finite number >= 0, got {lr}")
-    reals = (float(lr) * float(z_scale) / (m * w_scale.to(torch.float64))).reshape(-1)
-    pairs = [quantize_multiplier(float(r)) for r in reals]
+    return quantize_multipliers(float(lr) * float(z_scale) / (m * w_scale.to(torch.float64)))
+
+
+def quantize_multipliers(reals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TFLite ``(multiplier, shift)`` int64 tensors of ``reals``' shape, one
+    :func:`~bpfree.quant.fixed_point.quantize_multiplier` per entry (each real taken as a
+    double)."""
+    pairs = [quantize_multiplier(float(r)) for r in reals.reshape(-1)]
     mult = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
     shift = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-    return mult.reshape(w_scale.shape), shift.reshape(w_scale.shape)
+    return mult.reshape(reals.shape), shift.reshape(reals.shape)
+
+
+def subtract_and_saturate(w_q: torch.Tensor, step: torch.Tensor, bits: int,
+                          mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Algorithm 1 line 16, ``w_q ← sat_b(w_q − w̄_q)``, for an integer-valued step ``w̄_q``
+    (integer, or a float tensor already rounded); ``mask`` zeroes the step outside the
+    trainable subset. Returns int32."""
+    if mask is not None:
+        step = step * mask.to(step.dtype)
+    return saturate(w_q.to(torch.int64) - step.to(torch.int64), bits).to(torch.int32)
 
 
 def fixed_point_update(w_q: torch.Tensor, g_acc: torch.Tensor, multiplier, shift, bits: int,
@@ -71,5 +87,4 @@ def fixed_point_update(w_q: torch.Tensor, g_acc: torch.Tensor, multiplier, shift
         step = multiply_by_quantized_multiplier(g_acc, int(mult), int(sh))
     if mask is not None:
         step = step * mask.to(step.dtype)
-    new = saturate(w_q.to(torch.int64) - step.to(torch.int64), bits).to(torch.int32)
-    return new, step.to(torch.int32)
+    return subtract_and_saturate(w_q, step, bits), step.to(torch.int32)

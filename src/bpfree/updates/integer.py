@@ -16,3 +16,24 @@ def round_and_clip_(step: Tensor, weight: Tensor, low: int, high: int) -> Tensor
     if low > high:
         raise ValueError(f"clip range must have low <= high, got [{low}, {high}]")
     return step.add_(weight).round_().clamp_(low, high)
+
+
+def integer_update_(grad: Tensor, weight: Tensor, lr: float, low: int, high: int,
+                    channel_factor: Tensor | None = None) -> Tensor:
+    """PMT Eq. 8 for one integer tensor: ``clip(round(W - lr * c[ch] * g), low, high)``.
+
+    ``lr`` is the scalar part of the rate (``eta_t`` times GNS, ``NQ/(NQ+d-1)``) and
+    ``channel_factor`` the optional per-output-channel part (QAS ``1/s[ch]^2``, Appendix B),
+    one value per entry of ``grad``'s dim 0. ``grad`` (a float buffer, typically float64) is
+    consumed: it becomes the returned new values, so the update needs no second buffer of the
+    tensor's size (§3.2.2). The multiplications happen in that order, ``(g * -lr) * c``, which
+    the trained-weight digests pin.
+    """
+    step = grad.mul_(-lr)
+    if channel_factor is not None:
+        if channel_factor.dim() != 1 or channel_factor.numel() != step.shape[0]:
+            raise ValueError(f"channel_factor must hold one value per output channel "
+                             f"({step.shape[0]}), got shape {tuple(channel_factor.shape)}")
+        view = channel_factor.to(device=step.device).view(-1, *[1] * (step.dim() - 1))
+        step.mul_(view)
+    return round_and_clip_(step, weight, low, high)
