@@ -158,12 +158,12 @@ def init_head(feature_quant, features_q: torch.Tensor, y: torch.Tensor, num_clas
     ``method="lsq"``: ridge least squares of the one-hot targets on the dequantized features
     (with a bias column); ``"means"``: nearest class mean as a linear map (``w_c = mu_c``,
     ``b_c = -|mu_c|^2 / 2``). Either is then scaled by the temperature minimising the training
-    cross-entropy, quantized per output channel (:func:`bpfree.quant.ptq.quantize_weights`),
+    cross-entropy, quantized per output channel (:func:`bpfree.quant.quantize_weights`),
     and given an output range ``margin`` times that of the training logits.
     Returns ``(QLinear, info dict)``.
     """
+    from bpfree.quant import quantize_weights, tensor_quant_from_range
     from bpfree.quant.layers import QLinear
-    from bpfree.quant.ptq import quantize_weights, tensor_quant_from_range
 
     f = feature_quant.dequantize(features_q).to(torch.float64)
     y = y.long()
@@ -408,7 +408,7 @@ def memory_task(trainable: list[str], *, batch_size: int, queries: int, model_pa
     from bpfree.pmt.mcunet_tables import measure_pmt_step
     from bpfree.memory.measure import measure_peak
     from bpfree.models.mcunet import mcunet_in1, mcunet_in1_float
-    from bpfree.quant.ptq import tensor_quant_from_range
+    from bpfree.quant import tensor_quant_from_range
     from bpfree.quant.layers import QLinear
 
     g = torch.Generator().manual_seed(seed)

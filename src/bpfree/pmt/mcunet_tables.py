@@ -57,7 +57,8 @@ import torch
 from ..memory.measure import measure_peak
 from ..memory.profile import ModelProfile, profile_model
 from ..memory.rules import analytic, macs_per_iteration
-from ..models.mcunet import _block_of, load_graph, mcunet_in1_float
+from ..models.mcunet import load_graph, mcunet_in1_float
+from ..models.mcunet.graph import block_of
 from .graph import TrainableLayer
 from .sparse import block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
@@ -138,7 +139,7 @@ def width_stages(path=None) -> list[list[str]]:
     160 channels). Returns the graph block names of each stage."""
     out_channels: dict[str, int] = {}
     for layer in load_graph(path).layers:
-        block = _block_of(layer["name"])
+        block = block_of(layer["name"])
         if block is not None and layer["op"] == "conv2d":
             out_channels[block] = layer["out_channels"]  # the block's last conv wins
     stages: list[list[str]] = []

@@ -12,12 +12,14 @@ kernels used by TFLite Micro, CMSIS-NN and TinyEngine:
 * :mod:`.layers`: :class:`QLinear`, :class:`QConv2d`, :class:`QAdd`, :class:`QAvgPool2d`,
   :class:`QGlobalAvgPool2d`, :class:`QReLU`, :class:`QFlatten` (int8 in, int8 out).
 * :mod:`.reference`: slow scalar / int64 reference used by the tests.
-* :mod:`.ptq`: post-training quantization of a float model (BN folding, calibration) into a
-  :class:`QuantizedModel` (PMT §4.1).
+* :mod:`.ptq`: post-training quantization of a float model into a :class:`QuantizedModel`
+  (PMT §4.1), from :mod:`.weights` (BN folding, int8 weights / int32 bias) and
+  :mod:`.calibrate` (activation ranges).
 * :mod:`.twin`: the float twin of a quantized model in integer parameter units, for BP
   baselines and gradient diagnostics, and :func:`write_back`.
 """
 
+from .calibrate import calibrate_ranges, tensor_quant_from_range
 from .fixed_point import (
     INT8_MAX,
     INT8_MIN,
@@ -49,7 +51,7 @@ from .params import (
     TensorQuant,
     WeightQuant,
 )
-from .ptq import fold_batchnorm, quantize_model, quantize_weights, tensor_quant_from_range
+from .ptq import quantize_model
 from .stages import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
 from .twin import (
     FloatTwin,
@@ -59,6 +61,7 @@ from .twin import (
     trainable_layers,
     write_back,
 )
+from .weights import fold_batchnorm, quantize_weights
 
 __all__ = [
     "INT8_MAX",
@@ -93,6 +96,7 @@ __all__ = [
     "TwinConv2d",
     "TwinLinear",
     "float_twin",
+    "calibrate_ranges",
     "fold_batchnorm",
     "quantize_model",
     "quantize_weights",

@@ -17,7 +17,9 @@ that model from a float network, following the TFLite int8 quantization specific
 * residual ADD requantized with its own calibrated output range (:class:`~.layers.QAdd`).
 
 The integer stages it builds (:class:`~.stages.QuantizedModel` and the blocks
-:mod:`.layers` does not provide) live in :mod:`.stages`; this module is the converter only.
+:mod:`.layers` does not provide) live in :mod:`.stages`, the weight quantization in
+:mod:`.weights` and the activation calibration in :mod:`.calibrate`; this module analyses the
+float model and assembles the converted one.
 The result is a :class:`QuantizedModel` whose ``body`` is an ``nn.Sequential`` with one int8
 stage per top-level stage of the float ``nn.Sequential`` (``body[k]`` corresponds to
 ``model[k]``), the layout :mod:`bpfree.pmt` trains stage by stage.
@@ -25,16 +27,13 @@ stage per top-level stage of the float ``nn.Sequential`` (``body[k]`` correspond
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..blocks import InvertedResidual
-from .fixed_point import INT8_MAX, INT8_MIN
+from .calibrate import calibrate_ranges
 from .layers import (
     QAdd,
     QAvgPool2d,
@@ -46,86 +45,9 @@ from .layers import (
     _ACCUMULATE,
     _BACKENDS,
 )
-from .params import TensorQuant, WeightQuant
+from .params import TensorQuant
 from .stages import QInvertedResidual, QMaxPool2d, QuantizedModel
-
-#: Weights are quantized to [-127, 127] (TFLite spec: symmetric int8 weights avoid -128).
-WEIGHT_QMAX = 127
-#: Largest |int32 bias| PTQ produces: 2**24 keeps every bias exact in float32 (so the float
-#: twin of :mod:`.twin` holds it exactly) and far from int32 saturation. A channel whose bias
-#: would exceed it (tiny weights, large folded BN shift) gets a larger weight scale instead.
-BIAS_MAX = 2**24
-#: Smallest calibrated activation range: guards dead (constant zero) activations, whose range
-#: [0, 0] has no scale.
-MIN_RANGE = 2.0**-20
-
-
-
-# ---------------------------------------------------------------------------------------------
-# BatchNorm folding and weight quantization
-# ---------------------------------------------------------------------------------------------
-
-
-def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float (weight, bias) of ``conv`` with the eval-mode ``bn`` folded in (PMT §4.1).
-
-    ``BN(conv(x)) = gamma (W x + b - mean) / sqrt(var + eps) + beta``, so
-    ``W' = W * gamma / sqrt(var + eps)`` (per output channel) and
-    ``b' = beta + (b - mean) * gamma / sqrt(var + eps)``. Computed in float64, returned float32.
-    """
-    w = conv.weight.detach().to(torch.float64)
-    b = (conv.bias.detach().to(torch.float64) if conv.bias is not None
-         else torch.zeros(w.shape[0], dtype=torch.float64, device=w.device))
-    if bn is None:
-        return w.to(torch.float32), b.to(torch.float32)
-    mean = bn.running_mean.detach().to(torch.float64)
-    inv_std = torch.rsqrt(bn.running_var.detach().to(torch.float64) + bn.eps)
-    gamma = (bn.weight.detach().to(torch.float64) if bn.weight is not None
-             else torch.ones_like(mean))
-    beta = bn.bias.detach().to(torch.float64) if bn.bias is not None else torch.zeros_like(mean)
-    factor = gamma * inv_std
-    w = w * factor.view(-1, *([1] * (w.dim() - 1)))
-    b = beta + (b - mean) * factor
-    return w.to(torch.float32), b.to(torch.float32)
-
-
-def _round_half_away(x: torch.Tensor) -> torch.Tensor:
-    """std::round (TFLite's rounding of weights and biases), not torch's half-to-even."""
-    return torch.sign(x) * torch.floor(x.abs() + 0.5)
-
-
-def quantize_weights(weight: torch.Tensor, bias: torch.Tensor, input_scale: float, name: str
-                     ) -> tuple[torch.Tensor, torch.Tensor, WeightQuant]:
-    """Symmetric per-output-channel int8 weights and int32 bias (TFLite spec).
-
-    ``s_w[c] = max|w[c]| / 127`` (raised where needed so that ``|bias| <= BIAS_MAX``; an all-zero
-    channel borrows the layer's largest scale, or 1/127), ``W = round(w / s_w)``,
-    ``B = round(b / (s_in * s_w))``. Returns (int8 weight, int32 bias, WeightQuant).
-    """
-    w = weight.detach().to(torch.float64).cpu()
-    b = bias.detach().to(torch.float64).cpu()
-    if not bool(torch.isfinite(w).all()) or not bool(torch.isfinite(b).all()):
-        raise ValueError(f"layer {name!r}: folded weights / bias are not finite (check the "
-                         "weights and BatchNorm statistics for nan / inf)")
-    s_in = float(np.float32(input_scale))
-    amax = w.abs().reshape(w.shape[0], -1).amax(dim=1)
-    scales = amax / WEIGHT_QMAX
-    fallback = float(scales.max()) if float(scales.max()) > 0 else 1.0 / WEIGHT_QMAX
-    scales = torch.where(scales > 0, scales, torch.full_like(scales, fallback))
-    scales = torch.maximum(scales, b.abs() / (s_in * BIAS_MAX))
-    # Round the scales to float32 first (TFLite stores float32 scales) and quantize with them.
-    scales = scales.to(torch.float32).to(torch.float64)
-    if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
-        raise ValueError(f"layer {name!r}: weight scales must be finite and > 0, got "
-                         f"{scales.tolist()}")
-    try:
-        wq = WeightQuant(scales.to(torch.float32))
-    except ValueError as err:
-        raise ValueError(f"layer {name!r}: {err}") from None
-    shape = (-1,) + (1,) * (w.dim() - 1)
-    w_int = _round_half_away(w / scales.view(shape)).clamp_(-WEIGHT_QMAX, WEIGHT_QMAX)
-    b_int = _round_half_away(b / (s_in * scales)).clamp_(-BIAS_MAX, BIAS_MAX)
-    return w_int.to(torch.int8), b_int.to(torch.int32), wq
+from .weights import fold_batchnorm, quantize_weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,126 +224,12 @@ def _analyse(model: nn.Sequential) -> list[_Stage]:
     return stages
 
 
-# ---------------------------------------------------------------------------------------------
-# Calibration
-# ---------------------------------------------------------------------------------------------
-
-
-class _Observer:
-    """Running min / max (or mean per-batch percentiles) of one tensor."""
-
-    def __init__(self, percentile: float | None, name: str | None = None) -> None:
-        self.percentile = percentile
-        self.name = name
-        self.lo, self.hi = math.inf, -math.inf
-        self.los: list[float] = []
-        self.his: list[float] = []
-
-    def update(self, t: torch.Tensor) -> None:
-        t = t.detach()
-        if not bool(torch.isfinite(t).all()):
-            where = ("in the calibration inputs" if self.name is None
-                     else f"at the output of layer {self.name!r}")
-            raise ValueError(f"calibration produced non-finite values (nan / inf) {where}")
-        if self.percentile is None:
-            self.lo = min(self.lo, float(t.min()))
-            self.hi = max(self.hi, float(t.max()))
-            return
-        v = t.reshape(-1).to(torch.float32)
-        step = max(1, v.numel() // 2**20)  # deterministic subsample keeps quantile() cheap
-        v = v[::step]
-        q = torch.quantile(v, torch.tensor([1 - self.percentile / 100, self.percentile / 100],
-                                           device=v.device))
-        self.los.append(float(q[0]))
-        self.his.append(float(q[1]))
-
-    def range(self) -> tuple[float, float]:
-        if self.percentile is None:
-            return self.lo, self.hi
-        return float(np.mean(self.los)), float(np.mean(self.his))
-
-
-def tensor_quant_from_range(lo: float, hi: float) -> TensorQuant:
-    """Asymmetric int8 quantization of the real range [lo, hi] extended to contain 0.
-
-    ``scale = (hi - lo) / 255``, ``zero_point = round(-128 - lo / scale)`` clamped to int8
-    (the TFLite converter's choice of parameters; the integer zero point makes 0 exact).
-    Ranges narrower than ``MIN_RANGE`` (dead activations) are widened to it.
-    """
-    if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
-        raise ValueError(f"activation range must be finite with lo <= hi, got [{lo!r}, {hi!r}]")
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    if hi - lo < MIN_RANGE:
-        hi = lo + MIN_RANGE
-    scale = float(np.float32((hi - lo) / (INT8_MAX - INT8_MIN)))
-    zp = INT8_MIN - lo / scale
-    zp = int(math.floor(abs(zp) + 0.5) * (1 if zp >= 0 else -1))
-    return TensorQuant(scale, max(INT8_MIN, min(INT8_MAX, zp)))
-
-
-def _check_calibration_batch(batch) -> torch.Tensor:
-    if not isinstance(batch, torch.Tensor) or not batch.is_floating_point():
-        got = (f"a {batch.dtype} tensor" if isinstance(batch, torch.Tensor)
-               else type(batch).__name__)
-        raise ValueError("calibration must be a float tensor or an iterable of float input "
-                         f"tensors (or (input, target) pairs), got {got}")
-    if batch.numel() == 0:
-        raise ValueError(f"calibration batch of shape {list(batch.shape)} is empty: pass at "
-                         "least one input sample")
-    return batch
-
-
-def _batches(calibration) -> Iterable[torch.Tensor]:
-    if isinstance(calibration, torch.Tensor):
-        yield _check_calibration_batch(calibration)
-        return
-    for batch in calibration:
-        if isinstance(batch, (tuple, list)):  # (inputs, targets) from a DataLoader
-            batch = batch[0]
-        yield _check_calibration_batch(batch)
-
-
-def _calibrate(model: nn.Sequential, stages: list[_Stage], calibration, percentile,
-               input_range) -> tuple[TensorQuant, dict[str, TensorQuant]]:
+def _hook_keys(stages: list[_Stage]) -> list[str]:
+    """The modules whose outputs calibration observes: every stage and every unit's output."""
     keys = [s.name for s in stages]
     for s in stages:
         keys += [u.out_key for u in s.units]
-    modules = dict(model.named_modules())
-    observers = {k: _Observer(percentile, k) for k in dict.fromkeys(keys)}
-    input_obs = _Observer(None)
-    handles = []
-    for key, obs in observers.items():
-        handles.append(modules[key].register_forward_hook(
-            lambda mod, args, out, obs=obs: obs.update(out)))
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    was_training = model.training
-    n = 0
-    try:
-        model.eval()
-        with torch.no_grad():
-            for x in _batches(calibration):
-                x = x.to(device)
-                input_obs.update(x)
-                model(x)
-                n += 1
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    if n == 0:
-        raise ValueError("calibration is empty: pass at least one batch of float inputs")
-    if input_range is not None:
-        try:
-            lo, hi = (float(v) for v in input_range)
-        except (TypeError, ValueError):
-            raise ValueError(f"input_range must be a pair (lo, hi) of floats, got "
-                             f"{input_range!r}") from None
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise ValueError(f"input_range must be finite with lo < hi, got {input_range!r}")
-        input_quant = tensor_quant_from_range(lo, hi)
-    else:
-        input_quant = tensor_quant_from_range(*input_obs.range())
-    return input_quant, {k: tensor_quant_from_range(*o.range()) for k, o in observers.items()}
+    return keys
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,7 +301,8 @@ def quantize_model(model: nn.Module, calibration, *, input_range: tuple[float, f
                          "materialize it (model.to_empty(device='cpu'), then load its weights) "
                          "before quantizing")
     stages = _analyse(model)
-    input_quant, quants = _calibrate(model, stages, calibration, percentile, input_range)
+    input_quant, quants = calibrate_ranges(model, _hook_keys(stages), calibration, percentile,
+                                           input_range)
 
     body, stage_quants = [], []
     q = input_quant

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.mcunet import FloatRuleLinear, _effective_scale
+from ..models.mcunet.float_rule import FloatRuleLinear, effective_scale
 from ..quant.layers import QGlobalAvgPool2d, QLinear, _check_int8_input
 from ..quant.params import TensorQuant
 
@@ -56,7 +56,7 @@ def litert_linear(layer: QLinear) -> FloatRuleLinear:
         layer.weight, layer.bias, weight_scale=layer.weight_quant,
         input_quant=layer.input_quant, output_quant=layer.output_quant,
         activation=layer.activation, accumulate=layer.accumulate, backend=layer.backend,
-        effective_scale=_effective_scale(layer.input_quant.scale, layer.weight_quant.scales,
+        effective_scale=effective_scale(layer.input_quant.scale, layer.weight_quant.scales,
                                          layer.output_quant.scale),
         rounding="half_away")
     return out.to(layer.weight.device)
