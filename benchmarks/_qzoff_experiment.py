@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bpfree.baselines import BPTrainer
 from bpfree.bench.parallel import run_named_task
 from bpfree.data import corrupt, load_mnist
 from bpfree.fewshot import (feature_function, protonet_predict, prototype_head,
@@ -160,27 +161,13 @@ def ff_config(precision: str = "fp32", **overrides) -> QZOFFConfig:
     return QZOFFConfig(**base)
 
 
-class BPAdamW:
-    """Back-propagation with AdamW (betas 0.9/0.95) as a :class:`bpfree.harness.Method`:
-    ``step(x, y, lr)``; ``forwards`` counts per-sample forward passes (one per sample and step;
-    each step also runs a backward pass)."""
-
-    def __init__(self, model: nn.Module, betas=(0.9, 0.95), weight_decay: float = 0.0):
-        self.model = model
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=1e-3, betas=betas,
-                                     weight_decay=weight_decay)
-        self.forwards = 0
-
-    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        loss = nn.functional.cross_entropy(self.model(x), y)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        self.forwards += int(x.shape[0])
-        return {"loss": float(loss.detach())}
+def BPAdamW(model: nn.Module, betas=(0.9, 0.95), weight_decay: float = 0.0) -> BPTrainer:
+    """Back-propagation with AdamW (betas 0.9/0.95) on the mean cross-entropy: the shared
+    :class:`bpfree.baselines.BPTrainer` with QZO-FF's settings (a
+    :class:`bpfree.harness.Method`; ``forwards`` counts one per sample and step, each step
+    also runs a backward pass)."""
+    return BPTrainer(model, "adamw", betas=betas, weight_decay=weight_decay,
+                     loss_fn=nn.functional.cross_entropy)
 
 
 def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *,

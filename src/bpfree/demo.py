@@ -34,6 +34,8 @@ import time
 import torch
 from torch import nn
 
+from .baselines import BPTrainer
+from .harness import fit
 from .io import write_json
 from .models import digits_mlp
 
@@ -113,14 +115,10 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def pretrain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed: int, epochs: int = 60) -> None:
-    """Ordinary BP training on clean data: the factory model the device ships with."""
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(epochs):
-        for idx in torch.randperm(len(x), generator=gen).split(64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
+    """Ordinary BP training on clean data (Adam at 3e-3, batches of 64, the shared
+    :class:`~bpfree.baselines.BPTrainer`): the factory model the device ships with."""
+    fit(BPTrainer(model, "adam", loss_fn=nn.functional.cross_entropy), x, y, epochs=epochs,
+        batch_size=64, lr=3e-3, schedule="constant", seed=seed)
 
 
 class _MeasureFirstStep:

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..baselines import BPTrainer
+from ..baselines.bp import model_device
 from ..harness import check_batch, check_learning_rate
 from ..perturb import derive_seed, rademacher_xorshift
 from .estimate import LayerEstimate
@@ -72,14 +74,6 @@ def _finite_loss(loss: torch.Tensor) -> torch.Tensor:
     if not bool(torch.isfinite(loss).all()):
         raise FloatingPointError("non-finite loss in the clean forward; model unchanged")
     return loss
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for t in model.buffers():
-        return t.device
-    for t in model.parameters():
-        return t.device
-    return torch.device("cpu")
 
 
 def _affine_names(qmodel: nn.Module) -> list[str]:
@@ -127,7 +121,7 @@ class _IntegerZO:
 
     def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_batch(x, y)
-        device = _model_device(self.model)
+        device = model_device(self.model)
         return self.staged.quantize(x.to(device)), y.to(device)
 
     def _loss(self, logits_q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -366,13 +360,14 @@ class DeepZeroCGE(_IntegerZO):
 # ---------------------------------------------------------------------------------------------
 
 
-class FullTrainFP32:
+class FullTrainFP32(BPTrainer):
     """"FullTrain" in FP32 (PMT Table 7): plain SGD with back-propagation on the float model.
 
     ``theta <- theta - lr * dL/dtheta`` with ``L`` the mean cross-entropy of the batch; no
-    momentum, no weight decay (§4.1). The model is kept in ``eval()`` mode, so BatchNorm uses
-    (and keeps) its running statistics — the trained model stays foldable into an int8 one —
-    and dropout is off; BatchNorm's affine parameters are trained like any other.
+    momentum, no weight decay (§4.1): the shared :class:`~bpfree.baselines.BPTrainer` with
+    ``frozen_statistics=True``. The model is kept in ``eval()`` mode, so BatchNorm uses (and
+    keeps) its running statistics — the trained model stays foldable into an int8 one — and
+    dropout is off; BatchNorm's affine parameters are trained like any other.
 
     ``forwards`` counts forward passes only (N per step), Table 5's unit; BP also runs one
     backward pass per sample, counted in ``backwards``.
@@ -388,67 +383,11 @@ class FullTrainFP32:
 
     def __init__(self, model: nn.Module, *, trainable=None,
                  lr_scale: dict[str, float] | None = None) -> None:
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
-        self.model = model
-        all_params = list(model.parameters())
-        if not all_params:
-            raise ValueError(f"{type(model).__name__} has no parameters to train")
-        modules = dict(model.named_modules())
-        valid = [name for name, m in modules.items()
-                 if name and any(True for _ in m.parameters(recurse=False))]
-        if trainable is None:
-            self.params = all_params
-        else:
-            names = [trainable] if isinstance(trainable, str) else list(trainable)
-            unknown = [n for n in names if n not in modules or n == ""
-                       or not any(True for _ in modules[n].parameters())]
-            if unknown or not names:
-                raise ValueError(f"unknown trainable module(s) {unknown or names}; modules with "
-                                 f"parameters are {valid}")
-            chosen = {id(p) for n in names for p in modules[n].parameters()}
-            self.params = [p for p in all_params if id(p) in chosen]
-        keep = {id(p) for p in self.params}
-        for p in all_params:
-            p.requires_grad_(id(p) in keep)
-        self.scale = {id(p): 1.0 for p in self.params}
-        for name, factor in (lr_scale or {}).items():
-            if name not in modules or name == "":
-                raise ValueError(f"lr_scale names unknown module {name!r}; modules with "
-                                 f"parameters are {valid}")
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-                    math.isfinite(factor) and factor >= 0):
-                raise ValueError(f"lr_scale[{name!r}] must be a finite number >= 0, "
-                                 f"got {factor!r}")
-            for p in modules[name].parameters():
-                if id(p) in self.scale:
-                    self.scale[id(p)] = float(factor)
-        self.forwards = 0
-        self.backwards = 0
-        self.steps = 0
-
-    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = check_learning_rate(lr)
-        check_batch(x, y)
-        device = _model_device(self.model)
-        x, y = x.to(device), y.to(device)
-        self.model.eval()
-        for p in self.params:
-            p.grad = None
-        loss = F.cross_entropy(self.model(x), y)
-        if not bool(torch.isfinite(loss)):
-            raise FloatingPointError("non-finite loss; model unchanged")
-        loss.backward()
-        with torch.no_grad():
-            for p in self.params:
-                if p.grad is not None:
-                    p.sub_(p.grad, alpha=lr * self.scale[id(p)])
-                    p.grad = None
-        n = x.shape[0]
-        self.forwards += n
-        self.backwards += n
-        self.steps += 1
-        return {"loss": loss.item(), "forwards": n}
+        if isinstance(model, nn.Module) and trainable is None:
+            for p in model.parameters():  # "every parameter", frozen ones included
+                p.requires_grad_(True)
+        super().__init__(model, "sgd", loss_fn=F.cross_entropy, trainable=trainable,
+                         lr_scale=lr_scale, frozen_statistics=True)
 
 
 class FullTrainINT8:
@@ -522,7 +461,7 @@ class FullTrainINT8:
         """(name -> exact BP gradient in integer units, mean twin loss) at the current int8
         weights. Counts N forwards and N backwards."""
         check_batch(x, y)
-        device = _model_device(self.model)
+        device = model_device(self.model)
         x, y = x.to(device), y.to(device)
         self.sync()
         self.twin.eval()

@@ -6,7 +6,8 @@ samples counts B; a forward-mode JVP pass counts as one forward) and
 :func:`bpfree.pmt.fit` / :func:`bpfree.ttzo.train` run all of them on the same batches.
 
 * :class:`BPTrainer` -- first-order (FO / BP) training of any model with SGD or Adam: the "FO"
-  column for the dense MLP, the TT-MLP and the pruned SP-MLP.
+  column for the dense MLP, the TT-MLP and the pruned SP-MLP (the shared
+  :class:`bpfree.baselines.BPTrainer`, re-exported here).
 * :func:`grasp_prune` + :class:`MaskedModel` -- SP-MLP: GraSP pruning at initialization
   (Wang, Zhang & Grosse 2020) to a target number of weights (the TT-MLP's parameter count).
 * :class:`ForwardGradientW` -- FG-W: weight-perturbed forward gradient (Baydin et al. 2022),
@@ -28,67 +29,13 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
+from ..baselines import BPTrainer
 from ..harness import check_batch, check_learning_rate
 from ..objective import cross_entropy_per_sample
 from .hybrid import ZOTrainer
 
 __all__ = ["BPTrainer", "grasp_scores", "grasp_prune", "MaskedModel", "ForwardGradientW",
            "ForwardGradientA", "FeedbackAlignment", "DirectFeedbackAlignment"]
-
-
-# ---------------------------------------------------------------------------------------------
-# First-order training
-# ---------------------------------------------------------------------------------------------
-
-
-class BPTrainer:
-    """First-order training with back-propagation (the FO / FO-AD columns).
-
-    Args:
-        model: any ``nn.Module`` (dense MLP, TT-MLP, :class:`MaskedModel`, ...).
-        optimizer: ``"sgd"`` (§5.1: "We use SGD") or ``"adam"``.
-        momentum, weight_decay: passed to the torch optimizer.
-        loss_fn: per-sample loss ``(outputs, targets) -> [B]``.
-
-    ``forwards`` counts B per step, ``backwards`` the B backward passes BP also runs.
-    """
-
-    def __init__(self, model: nn.Module, optimizer: str = "sgd", *, momentum: float = 0.0,
-                 weight_decay: float = 0.0, loss_fn: Callable = cross_entropy_per_sample) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError(f"{type(model).__name__} has no trainable parameters")
-        if optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=0.0, momentum=momentum,
-                                             weight_decay=weight_decay)
-        elif optimizer == "adam":
-            self.optimizer = torch.optim.Adam(params, lr=0.0, weight_decay=weight_decay)
-        else:
-            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-        self.model = model
-        self.loss_fn = loss_fn
-        self.forwards = 0
-        self.backwards = 0
-        self.steps = 0
-
-    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = check_learning_rate(lr)
-        check_batch(x, y)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(x), y).mean()
-        if not bool(torch.isfinite(loss)):
-            raise FloatingPointError("non-finite loss; model unchanged")
-        loss.backward()
-        self.optimizer.step()
-        n = int(x.shape[0])
-        self.forwards += n
-        self.backwards += n
-        self.steps += 1
-        return {"loss": float(loss.detach())}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""The one back-propagation baseline trainer (bpfree.baselines.BPTrainer)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bpfree.baselines import BPTrainer
+from bpfree.pmt import FullTrainFP32
+from bpfree.ttzo import BPTrainer as TTZOBPTrainer
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(12, 6, generator=g), torch.randint(0, 3, (12,), generator=g)
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def test_the_papers_bp_baselines_are_one_trainer():
+    assert TTZOBPTrainer is BPTrainer and issubclass(FullTrainFP32, BPTrainer)
+
+
+def test_adamw_first_step_is_the_sign_step_plus_decoupled_decay_by_hand():
+    """With zero moments, AdamW's first bias-corrected step is lr * g / (|g| + eps) and the
+    decoupled decay lr * wd * w (Loshchilov & Hutter), on the mean cross-entropy."""
+    x, y = _data()
+    model = _model()
+    ref = copy.deepcopy(model)
+    lr, wd, eps = 0.01, 0.1, 1e-8
+    out = BPTrainer(model, "adamw", betas=(0.9, 0.95), weight_decay=wd,
+                    loss_fn=F.cross_entropy).step(x, y, lr)
+    loss = F.cross_entropy(ref(x), y)
+    loss.backward()
+    assert out == {"loss": pytest.approx(loss.item()), "forwards": 12}
+    for p, r in zip(model.parameters(), ref.parameters()):
+        expected = r.detach() * (1 - lr * wd) - lr * r.grad / (r.grad.abs() + eps)
+        assert torch.allclose(p.detach(), expected, atol=1e-6, rtol=0)
+        assert p.grad is None  # gradients are not kept between steps
+
+
+def test_lr_scale_groups_and_frozen_statistics_apply_to_any_optimizer():
+    x, y = _data()
+    model = nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.Linear(5, 3)).train()
+    mean = model[1].running_mean.clone()
+    ref = copy.deepcopy(model).eval()
+    trainer = BPTrainer(model, "sgd", momentum=0.5, lr_scale={"2": 0.0}, frozen_statistics=True)
+    trainer.step(x, y, 0.1)
+    assert not model.training and torch.equal(model[1].running_mean, mean)
+    assert torch.equal(model[2].weight, ref[2].weight)  # factor 0: that group does not move
+    assert not torch.equal(model[0].weight, ref[0].weight)
+    with pytest.raises(ValueError, match=r"optimizer must be one of \('sgd', 'adam', 'adamw'\)"):
+        BPTrainer(_model(), "rmsprop")
+    with pytest.raises(ValueError, match="unknown trainable module"):
+        BPTrainer(_model(), trainable=["9"])
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        BPTrainer(_model()).step(x * float("nan"), y, 0.1)
