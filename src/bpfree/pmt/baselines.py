@@ -46,8 +46,7 @@ from ..harness import check_batch, check_learning_rate
 from ..perturb import derive_seed, rademacher_xorshift
 from .estimate import LayerEstimate
 from .graph import AFFINE_TYPES, StagedModel, TrainableLayer, _check_model, find_layers, \
-    per_sample_loss
-from .trainer import _select
+    per_sample_loss, select_layers
 from .update import apply_update
 
 __all__ = ["DeepZeroCGE", "FullTrainFP32", "FullTrainINT8", "MeZO", "SparseBP"]
@@ -110,7 +109,7 @@ class _IntegerZO:
         self.seed = _check_seed(seed)
         self.staged = StagedModel(qmodel)
         self.layers = find_layers(qmodel, example)
-        self.trainable: list[TrainableLayer] = _select(self.layers, trainable)
+        self.trainable: list[TrainableLayer] = select_layers(self.layers, trainable)
         if not self.trainable:
             raise ValueError("no trainable layers selected; choose among "
                              f"{[layer.name for layer in self.layers]}")

@@ -90,6 +90,22 @@ def find_layers(model: nn.Module, sample: torch.Tensor) -> list[TrainableLayer]:
     return layers
 
 
+def select_layers(layers: list[TrainableLayer], trainable) -> list[TrainableLayer]:
+    """The layers named by ``trainable`` (a name or names; None: all), in forward order.
+
+    Raises ValueError naming any unknown layer and the model's integer layers."""
+    if trainable is None:
+        return list(layers)
+    names = [trainable] if isinstance(trainable, str) else list(trainable)
+    known = {layer.name for layer in layers}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown trainable layer(s) {unknown}; the model's integer layers are "
+                         f"{sorted(known)}")
+    chosen = set(names)
+    return [layer for layer in layers if layer.name in chosen]
+
+
 def per_sample_loss(logits_q: torch.Tensor, target: torch.Tensor, output_quant) -> torch.Tensor:
     """Cross-entropy of each sample from int8 logits, in float64.
 

@@ -36,7 +36,7 @@ from torch import nn
 from ..perturb import derive_seed
 from .estimate import LayerEstimate, estimate_group
 from .exact import LossTables, exact_step
-from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss
+from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss, select_layers
 from .update import apply_update
 
 PERTURBATIONS = ("adaptive", "wp", "np")
@@ -94,19 +94,6 @@ class PMTConfig:
         return asdict(self)
 
 
-def _select(layers: list[TrainableLayer], trainable) -> list[TrainableLayer]:
-    if trainable is None:
-        return list(layers)
-    names = [trainable] if isinstance(trainable, str) else list(trainable)
-    known = {layer.name for layer in layers}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown trainable layer(s) {unknown}; the model's integer layers are "
-                         f"{sorted(known)}")
-    chosen = set(names)
-    return [layer for layer in layers if layer.name in chosen]
-
-
 def _check_lr_scale(lr_scale, trainable: list[TrainableLayer]) -> dict[str, float]:
     if lr_scale is None:
         return {}
@@ -145,7 +132,7 @@ class PMTTrainer:
         self.staged = StagedModel(model)
         self.layers = find_layers(model, example)
         self.sample_shape = tuple(example.shape[1:])
-        self.trainable = _select(self.layers, trainable)
+        self.trainable = select_layers(self.layers, trainable)
         if not self.trainable:
             raise ValueError("no trainable layers selected")
         self.lr_scale = _check_lr_scale(lr_scale, self.trainable)
