@@ -11,6 +11,8 @@
   linear probing.
 * :mod:`.alignment`: the cosine of the Eq. 3 estimate with the true gradient, measured and
   expected.
+* :mod:`.integer`: :class:`IntegerQZOFF`, Algorithm 1 on an int8 model's own codes and scales
+  (a loaded ``.tflite``; ``bpfree adapt --method qzo-ff``).
 """
 
 from .alignment import estimate_alignment, expected_alignment
@@ -26,6 +28,7 @@ from .fixed_point import (
     quantized_update,
     update_multiplier,
 )
+from .integer import IntegerQZOFF
 from .model import ActivationQuantizer, QuantizedParams, select_parameters
 from .optim import FloatOptimizer, make_optimizer
 from .sampling import MomentumSampling, quantize_perturbation
@@ -38,6 +41,7 @@ __all__ = [
     "ActivationQuantizer",
     "EpsilonUnderflowWarning",
     "FloatOptimizer",
+    "IntegerQZOFF",
     "MomentumSampling",
     "QZOFFConfig",
     "QZOFFEstimate",

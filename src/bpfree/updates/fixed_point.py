@@ -17,9 +17,12 @@ from ..quant.fixed_point import multiply_by_quantized_multiplier, quantize_multi
 
 
 def qmax(bits: int) -> int:
-    """Largest code of a symmetric signed ``bits``-bit integer, ``2**(bits-1) - 1``."""
-    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 2 <= bits <= 31:
-        raise ValueError(f"bits must be an int in [2, 31], got {bits!r}")
+    """Largest code of a symmetric signed ``bits``-bit integer, ``2**(bits-1) - 1``.
+
+    ``bits`` up to 32: an int32 bias (QZO-FF on a .tflite, :mod:`bpfree.qzoff.integer`)
+    saturates to ``±(2**31 - 1)``."""
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 2 <= bits <= 32:
+        raise ValueError(f"bits must be an int in [2, 32], got {bits!r}")
     return 2 ** (int(bits) - 1) - 1
 
 
