@@ -10,6 +10,7 @@ import torch
 
 from bpfree import tflite as bt
 from bpfree.cli import main
+from test_qzoff_integer import _shifted_task
 from test_tflite import _file, quantized, small_mlp
 
 
@@ -22,6 +23,9 @@ def files(tmp_path_factory):
     x = torch.rand(500, 20, generator=g)
     np.savez(root / "data.npz", x=x.numpy(), y=x[:, :5].argmax(-1).numpy())
     (root / "tanh.tflite").write_bytes(_file(tflite_op("TANH")))
+    data, xs, ys = _shifted_task()  # a trained model and a shifted domain it must adapt to
+    (root / "trained.tflite").write_bytes(data)
+    np.savez(root / "shifted.npz", x=xs.numpy(), y=ys.numpy())
     return root
 
 
@@ -61,6 +65,78 @@ def test_adapt_pmt_sparse_trains_one_block(files, tmp_path):
     chosen = doc["selection"]["blocks"][doc["selection"]["chosen"] - 1]
     assert doc["trained_layers"] == chosen
     assert doc["forwards"] > doc["selection"]["forwards"]
+
+
+def test_adapt_qzo_ff_raises_validation_accuracy_with_int8_codes(files, tmp_path, capsys):
+    out, report = tmp_path / "adapted.tflite", tmp_path / "report.json"
+    rc = main(["adapt", str(files / "trained.tflite"), "--data", str(files / "shifted.npz"),
+               "--out", str(out), "--method", "qzo-ff", "--epochs", "5", "--batch-size", "32",
+               "--lr", "0.03", "--quiet", "--json", str(report)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "qzo-ff, 5 epoch(s), m=3" in text and "(qzo-ff rule" in text
+    doc = json.loads(report.read_text())
+    assert doc["val_accuracy_after"] >= doc["val_accuracy_before"] + 8
+    assert doc["loss_last"] < doc["loss_first"]
+    assert doc["queries"] == 3 and doc["eps_codes"] == 1 and 0 < doc["max_step_codes"] <= 254
+    assert doc["forwards"] == 2 * 3 * 400 * 5  # 2m passes of every training sample, 5 epochs
+    assert doc["trained_layers"] == ["body.0", "body.1"]
+    assert doc["frozen_biases"] == []
+    memory = doc["device_memory_bytes"]  # QZO-FF's `ff` rule at 1 byte per value
+    assert 0 < memory["batch_1"] < memory["batch_32"]
+    original, adapted = bt.load(files / "trained.tflite"), bt.load(out)
+    for a, b in zip(original.body, adapted.body):  # new int8 codes, the file's own scales
+        assert a.weight_quant == b.weight_quant and a.input_quant == b.input_quant
+        assert b.weight.dtype == torch.int8 and not torch.equal(a.weight, b.weight)
+
+
+def test_qzo_ff_hyper_parameters_are_refused_before_training(files, tmp_path, capsys,
+                                                            monkeypatch):
+    from bpfree.tflite import adapt as adapt_module
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(adapt_module, "fit", no_training)
+
+    def run(*extra):
+        return main(["adapt", str(files / "trained.tflite"), "--data",
+                     str(files / "shifted.npz"), "--out", str(tmp_path / "o.tflite"),
+                     "--quiet", *extra])
+
+    for extra, match in [
+        (["--method", "qzo-ff", "--lr", "1e-7"], "learning rate 1e-07 is too small"),
+        (["--method", "qzo-ff", "--lr", "10"], "learning rate 10 is too large"),
+        (["--method", "qzo-ff", "--eps-codes", "0"], "--eps-codes must be >= 1"),
+        (["--method", "qzo-ff", "--eps-codes", "40"], r"must be an int in [1, 36]"),
+        (["--method", "pmt", "--eps-codes", "2"], "--eps-codes applies to --method qzo-ff"),
+        (["--method", "qzo-ff", "--queries", "0"], "--queries must be >= 1"),
+    ]:
+        assert run(*extra) == 2, extra
+        err = capsys.readouterr().err
+        assert match in err, (extra, err)
+        assert "validation accuracy" not in err
+    assert not (tmp_path / "o.tflite").exists()
+
+
+def test_a_failure_during_training_leaves_the_output_untouched(files, tmp_path, capsys,
+                                                               monkeypatch):
+    from bpfree.tflite import adapt as adapt_module
+
+    def failing_fit(*args, **kwargs):
+        raise FloatingPointError("non-finite loss in the clean forward; model unchanged")
+
+    monkeypatch.setattr(adapt_module, "fit", failing_fit)
+    out = tmp_path / "adapted.tflite"
+    out.write_bytes(b"previous")
+    for method in ("pmt", "qzo-ff"):
+        rc = main(["adapt", str(files / "trained.tflite"), "--data", str(files / "shifted.npz"),
+                   "--out", str(out), "--method", method, "--quiet", "--json",
+                   str(tmp_path / "r.json")])
+        assert rc == 1
+        assert f"adaptation failed, {out} not written" in capsys.readouterr().err
+        assert out.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapted.tflite"]  # no temp, no json
 
 
 def test_unsupported_operator_is_refused_before_training(files, tmp_path, capsys):
@@ -123,7 +199,8 @@ def test_help_explains_every_option(capsys):
         main(["adapt", "--help"])
     text = capsys.readouterr().out
     for option in ("--data", "--out", "--method", "--epochs", "--queries", "--lr",
-                   "--batch-size", "--validation", "--seed", "--json", "exit status"):
+                   "--eps-codes", "--batch-size", "--validation", "--seed", "--json",
+                   "--quiet", "exit status", "qzo-ff", "pmt-sparse"):
         assert option in text
 
 

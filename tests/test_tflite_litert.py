@@ -50,6 +50,24 @@ def test_litert_runs_the_trained_integers(tmp_path):
                                   model.forward_int(xq).numpy())
 
 
+def test_litert_runs_the_qzo_ff_adapted_integers(tmp_path):
+    """`bpfree adapt --method qzo-ff` writes a file LiteRT computes exactly as bpfree does."""
+    from bpfree.cli import main
+    from test_qzoff_integer import _shifted_task
+
+    data, xs, ys = _shifted_task()
+    (tmp_path / "model.tflite").write_bytes(data)
+    np.savez(tmp_path / "shifted.npz", x=xs.numpy(), y=ys.numpy())
+    out = tmp_path / "adapted.tflite"
+    assert main(["adapt", str(tmp_path / "model.tflite"), "--data", str(tmp_path / "shifted.npz"),
+                 "--out", str(out), "--method", "qzo-ff", "--epochs", "2", "--lr", "0.03",
+                 "--quiet"]) == 0
+    adapted = bt.load(out)
+    assert not torch.equal(adapted.body[0].weight, bt.from_bytes(data).body[0].weight)
+    xq = torch.cat([adapted.quantize_input(xs[:32]), int8_inputs((20,), n=32)])
+    np.testing.assert_array_equal(run_litert(out.read_bytes(), xq), adapted.forward_int(xq).numpy())
+
+
 def test_mcunet_in1_in_litert_gives_bpfree_classify_logits(tmp_path):
     """MCUNet-in1 saved as .tflite: LiteRT's logits on the sample photos are those of
     ``bpfree classify`` run with LiteRT's kernel rules (the TFLite Micro rules of the default

@@ -2,9 +2,10 @@
 
 The model is loaded (:func:`bpfree.tflite.load`; a file with an unsupported operator is refused
 before any training), a validation part is split off the data, the integer weights are trained
-with PMT (:class:`bpfree.pmt.PMTTrainer`, forward passes only) or with PMT's sparse variant
-(one block chosen by 1-epoch trials, :func:`bpfree.pmt.sparse.select_block`), and the adapted
-model is written atomically as a ``.tflite`` with the same scales and zero points.
+with PMT (:class:`bpfree.pmt.PMTTrainer`, forward passes only), with PMT's sparse variant
+(one block chosen by 1-epoch trials, :func:`bpfree.pmt.sparse.select_block`) or with QZO-FF
+(:class:`bpfree.qzoff.IntegerQZOFF`: Eqs. 6-8 on the file's own int8 codes and scales), and the
+adapted model is written atomically as a ``.tflite`` with the same scales and zero points.
 
 Exit status: 0 done, 1 the model cannot be adapted (unsupported or corrupt file, training
 failed, the output cannot be written), 2 usage errors (options, missing files, data that does
@@ -31,20 +32,27 @@ from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import select_block, split_blocks
 from ..quant.stages import QuantizedModel
 from ..quant.twin import float_twin
+from ..qzoff import IntegerQZOFF
 from .reader import load
 from .schema import TFLiteFormatError
 from .softmax import QSoftmax
 from .writer import to_bytes
 
-METHODS = ("pmt", "pmt-sparse")
+METHODS = ("pmt", "pmt-sparse", "qzo-ff")
+#: --queries when not given: PMT's Q per layer, QZO-FF's m (the paper's 3, Appendix B)
+DEFAULT_QUERIES = {"pmt": 10, "pmt-sparse": 10, "qzo-ff": 3}
+#: the analytic memory rule (bpfree.memory) and its bytes per value for each method
+MEMORY_RULES = {"pmt": ("pmt", None), "pmt-sparse": ("pmt-sparse", None),
+                "qzo-ff": ("ff", 1)}
 
 DESCRIPTION = """\
 Adapt a full-integer .tflite model to new data without back-propagation.
 
-The model's int8 weights and int32 biases are trained with PMT (Poor Man's Training):
-zeroth-order estimates from perturbed forward passes, integer updates, no float copy. The
-adapted model keeps the file's scales and zero points and is written as a new .tflite that
-LiteRT runs (identical outputs with LiteRT's reference kernels).
+The model's int8 weights and int32 biases are trained from forward passes only, with
+integer updates and no float copy: PMT (Poor Man's Training, layer-wise zeroth-order
+estimates) or QZO-FF (sign-m-SPSA forward gradients with fixed-point perturbation and update,
+Feng et al. 2024). The adapted model keeps the file's scales and zero points and is written as
+a new .tflite that LiteRT runs (identical outputs with LiteRT's reference kernels).
 
 DATA is an .npz with `x` (samples) and `y` (integer class labels), or a folder with one
 sub-folder of images per class (sorted names are labels 0, 1, ...; images are converted to
@@ -60,6 +68,7 @@ examples:
   bpfree adapt model.tflite --data new_site.npz --out adapted.tflite
   bpfree adapt model.tflite --data new_site.npz --out adapted.tflite --method pmt-sparse \\
       --epochs 5 --queries 20 --json adapt.json
+  bpfree adapt model.tflite --data images/ --out adapted.tflite --method qzo-ff --lr 0.03
 
 exit status: 0 adapted, 1 the model cannot be adapted (unsupported operator, corrupt file,
 training failure, output not written), 2 usage error.
@@ -78,15 +87,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write the adapted model (atomically: the path holds "
                              "either its old contents or the whole new file)")
     parser.add_argument("--method", choices=METHODS, default="pmt",
-                        help="pmt: train every integer layer; pmt-sparse: train only the one "
-                             "of four blocks whose 1-epoch trial gains the most (PMT §3.3.1)")
+                        help="pmt: train every integer layer with PMT; pmt-sparse: train only "
+                             "the one of four blocks whose 1-epoch trial gains the most (PMT "
+                             "§3.3.1); qzo-ff: QZO-FF on every integer layer, all perturbed "
+                             "together (2m forward passes per step; docs/TFLITE.md)")
     # (flag, type, default, metavar, help)
     options = [
         ("--epochs", int, 3, "N", "passes over the training part"),
-        ("--queries", int, 10, "Q", "perturbed forward passes per layer and step (the paper "
-                                    "uses 100; more is slower and less noisy)"),
-        ("--lr", float, 0.01, "LR", "learning rate (PMT's float units; QAS scales it per "
-                                    "layer), cosine-decayed to 0"),
+        ("--queries", int, None, "Q", "pmt: perturbed forward passes per layer and step "
+                                      "(default 10; the paper uses 100); qzo-ff: directions m "
+                                      "per step (default 3, the paper's); more is slower and "
+                                      "less noisy"),
+        ("--lr", float, 0.01, "LR", "learning rate in float units, cosine-decayed to 0 (pmt: "
+                                    "QAS scales it per layer; qzo-ff: η of Eq. 8, refused "
+                                    "before training if no int8 weight could move or one step "
+                                    "could cross the whole int8 range)"),
+        ("--eps-codes", int, None, "K", "qzo-ff only: the perturbation ε of Eq. 6 in codes of "
+                                        "each weight channel's own scale (default 1, the "
+                                        "smallest the int8 grid represents)"),
         ("--batch-size", int, 64, "N", "samples per PMT step"),
         ("--validation", float, 0.2, "FRACTION", "fraction of DATA held out to report "
                                                  "accuracy before and after (never trained on)"),
@@ -102,10 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    for name in ("epochs", "queries", "batch_size"):
+    for name in ("epochs", "queries", "batch_size", "eps_codes"):
         value = getattr(args, name)
-        if value < 1:
+        if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.eps_codes is not None and args.method != "qzo-ff":
+        raise ValueError(f"--eps-codes applies to --method qzo-ff only, not {args.method}")
     if not 0.0 < args.validation < 1.0:
         raise ValueError(f"--validation must lie in (0, 1), got {args.validation}")
     if not (np.isfinite(args.lr) and args.lr > 0):
@@ -200,15 +220,22 @@ def load_image_folder(path, input_shape: tuple[int, ...]
 
 
 def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epochs: int = 3,
-          queries: int = 10, lr: float = 0.01, batch_size: int = 64, validation: float = 0.2,
-          seed: int = 0, progress: bool = False) -> dict:
+          queries: int | None = None, lr: float = 0.01, batch_size: int = 64,
+          validation: float = 0.2, seed: int = 0, eps_codes: int = 1,
+          progress: bool = False) -> dict:
     """Adapt ``model`` (a loaded :class:`~bpfree.quant.ptq.QuantizedModel`) in place; returns
     the report: validation accuracy before and after, forward passes, the chosen block.
+
+    ``queries`` is PMT's Q or QZO-FF's m (default :data:`DEFAULT_QUERIES`); ``eps_codes`` is
+    QZO-FF's ``ε_q`` in weight codes. QZO-FF's hyper-parameters are checked
+    (:meth:`~bpfree.qzoff.IntegerQZOFF.check_lr`) before anything is trained.
 
     A trailing SOFTMAX (:class:`~bpfree.tflite.softmax.QSoftmax`) is inference only: training
     and the accuracies use the logits before it, and it stays in the model."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if queries is None:
+        queries = DEFAULT_QUERIES[method]
     if isinstance(model.body[-1], QSoftmax):  # inference only: train on the logits before it
         if len(model.body) == 1:
             raise ValueError("the model is a lone SOFTMAX: nothing to train")
@@ -222,12 +249,17 @@ def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epoch
         raise ValueError(f"labels must lie in [0, {outputs}) for a model with {outputs} outputs, "
                          f"got [{int(y.min())}, {int(y.max())}]")
     t0 = time.perf_counter()
-    before = accuracy(model, xv, yv)
-    config = PMTConfig(queries=queries, seed=seed)
     example = xt[:2]
     report: dict = {"method": method, "train": int(xt.shape[0]), "validation": int(xv.shape[0]),
                     "epochs": epochs, "queries": queries, "lr": lr, "batch_size": batch_size,
-                    "seed": seed, "val_accuracy_before": before}
+                    "seed": seed}
+    if method == "qzo-ff":  # built and checked before anything is evaluated or trained
+        trainer = IntegerQZOFF(model, example=example, m=queries, eps_codes=eps_codes,
+                               seed=seed)
+        report.update(eps_codes=eps_codes, **trainer.check_lr(lr),
+                      frozen_biases=trainer.frozen_biases)
+    report["val_accuracy_before"] = accuracy(model, xv, yv)
+    config = PMTConfig(queries=queries, seed=seed)
     forwards = 0
     trainable = None
     if method == "pmt-sparse":
@@ -242,7 +274,8 @@ def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epoch
         trainable = blocks[selection.chosen - 1]
         forwards += selection.forwards
         report["selection"] = selection.as_dict()
-    trainer = PMTTrainer(model, config, example=example, trainable=trainable)
+    if method != "qzo-ff":
+        trainer = PMTTrainer(model, config, example=example, trainable=trainable)
     history = fit(trainer, xt, yt, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                   progress="adapt" if progress else False)
     forwards += trainer.forwards
@@ -258,13 +291,15 @@ def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epoch
 def device_memory(model, method: str, input_shape: tuple[int, ...], batch_size: int,
                   queries: int, trainable) -> dict:
     """Analytic training memory on the device (:func:`bpfree.memory.rules.analytic`, the
-    method's rule with int8 weights) at one sample and at ``batch_size``, in bytes; or
-    ``{"unavailable": reason}`` for a graph the float twin does not cover."""
+    method's rule (:data:`MEMORY_RULES`: PMT's, or QZO-FF's ``ff`` with 1-byte weights,
+    activations, perturbations and gradients) at one sample and at ``batch_size``, in bytes;
+    or ``{"unavailable": reason}`` for a graph the float twin does not cover."""
+    rule, dtype_bytes = MEMORY_RULES[method]
     try:
         twin = float_twin(model, fake_quant=False)
-        return {f"batch_{n}": int(analytic(twin, method, num_queries=queries,
+        return {f"batch_{n}": int(analytic(twin, rule, num_queries=queries,
                                            example_input=torch.zeros((n, *input_shape)),
-                                           trainable=trainable).total)
+                                           trainable=trainable, dtype_bytes=dtype_bytes).total)
                 for n in sorted({1, batch_size})}
     except (ValueError, TypeError, KeyError) as err:
         return {"unavailable": str(err)}
@@ -281,12 +316,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"{args.data}: classes {', '.join(f'{i}={c}' for i, c in enumerate(classes))}")
     else:
         x, y = load_data(args.data, model.input_shape)
+    queries = args.queries or DEFAULT_QUERIES[args.method]
     print(f"{args.model}: {len(model.body)} stages, input {model.input_shape}; {args.data}: "
-          f"{x.shape[0]} samples; {args.method}, {args.epochs} epoch(s), Q={args.queries}")
+          f"{x.shape[0]} samples; {args.method}, {args.epochs} epoch(s), "
+          f"{'m' if args.method == 'qzo-ff' else 'Q'}={queries}")
     try:
-        report = adapt(model, x, y, method=args.method, epochs=args.epochs,
-                       queries=args.queries, lr=args.lr, batch_size=args.batch_size,
-                       validation=args.validation, seed=args.seed, progress=not args.quiet)
+        report = adapt(model, x, y, method=args.method, epochs=args.epochs, queries=queries,
+                       lr=args.lr, batch_size=args.batch_size, validation=args.validation,
+                       seed=args.seed, eps_codes=args.eps_codes or 1,
+                       progress=not args.quiet)
     except (FloatingPointError, RuntimeError) as err:  # bad labels etc. stay usage errors
         return _failed(f"adaptation failed, {args.out} not written: {err}")
     try:
