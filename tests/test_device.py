@@ -113,8 +113,9 @@ def assert_same_integers(a: torch.nn.Module, b: torch.nn.Module):
         assert torch.equal(sa[k], sb[k]), f"{k} differs"
 
 
-def check_parity(trainer, x, y, tmp_path, *, steps, batch_size, lr, target="host"):
-    program = export_c(trainer, tmp_path / "prog", target=target, max_batch=batch_size)
+def check_parity(trainer, x, y, tmp_path, *, steps, batch_size, lr, target="host", **export):
+    program = export_c(trainer, tmp_path / "prog", target=target,
+                       **{"max_batch": batch_size, **export})
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     result = run_c(program, x, y, steps=steps, batch_size=batch_size, lr=lr)
     sums = simulate(trainer, x, y, steps, batch_size, lr)
@@ -311,6 +312,28 @@ def test_cortex_m7_parity_mnist_cnn_20_steps(tmp_path):
     check_parity(trainer, x, y, tmp_path, steps=20, batch_size=2, lr=0.1, target="cortex-m7")
 
 
+@needs_m7
+@pytest.mark.slow
+def test_emulator_step_counter_agrees_with_a_per_instruction_trace(digits, tmp_path):
+    from bpfree.device.mcu import INSNS_PER_TICK, traced_step_instructions
+    from bpfree.device.run import _as_int8
+
+    x, y = digits
+    torch.manual_seed(0)
+    float_model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.ReLU(),
+                                      torch.nn.Linear(8, 10))
+    model = quantize_model(float_model.eval(), x[:64], input_range=(0.0, 1.0))
+    trainer = PMTTrainer(model, PMTConfig(queries=1, seed=3, device_exact=True), example=x[:2])
+    program = export_c(trainer, tmp_path / "prog", target="cortex-m7", max_batch=2)
+    counted = run_c(program, x[:2], y[:2], steps=1, batch_size=2, lr=0.3,
+                    count_instructions=True).instructions[0]
+    traced = traced_step_instructions(program, _as_int8(program, x[:2]),
+                                      y[:2].numpy().astype(np.int32), 2, 0.3)
+    assert traced > 10_000
+    # One timer tick, plus the few instructions of the call and the timer reads.
+    assert abs(counted - traced) <= INSNS_PER_TICK + 32
+
+
 # ------------------------------------------------------------------------------- CLI
 
 @needs_cc
@@ -373,20 +396,28 @@ def test_mcunet_in1_logits_on_emulated_cortex_m7_match_classify(tmp_path):
     assert infer_c(program, x)[0].tolist() == classify(image, model)["logits"]
 
 
+def _mcunet_batch():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (2, 3, 128, 128), generator=g).to(torch.int8)
+    return x, torch.tensor([281, 967])
+
+
 @needs_cc
 @pytest.mark.slow
 def test_mcunet_in1_sparse_step_host_parity(tmp_path):
-    from bpfree.pmt.sparse import block, split_blocks
-
-    model = _mcunet()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(-128, 128, (2, 3, 128, 128), generator=g).to(torch.int8)
-    y = torch.tensor([281, 967])
-    config = PMTConfig(queries=1, seed=7, device_exact=True)
-    layers = PMTTrainer(model, config, example=x[:1]).layers
-    trainer = PMTTrainer(model, config, example=x[:1],
-                         trainable=block(split_blocks(layers, 4), 4))
+    x, y = _mcunet_batch()
+    trainer = _mcunet_trainer(_mcunet(), queries=1, block_index=4)
     check_parity(trainer, x, y, tmp_path, steps=1, batch_size=1, lr=0.05)
+
+
+@needs_m7
+@pytest.mark.slow
+def test_mcunet_in1_sparse_step_cortex_m7_parity_in_320_kib(tmp_path):
+    # Block 3 on the STM32F746's budget: one step, bit-exact, in the program that fits 320 KiB.
+    x, y = _mcunet_batch()
+    trainer = _mcunet_trainer(_mcunet(), queries=1, block_index=3)
+    check_parity(trainer, x, y, tmp_path, steps=1, batch_size=1, lr=0.05, target="cortex-m7",
+                 sram_kib=320, max_samples=2)
 
 
 def _mcunet_trainer(model, queries, block_index=None):

@@ -24,6 +24,9 @@ from ..quant.layers import (
 )
 from ..quant.stages import QInvertedResidual, QMaxPool2d
 
+#: The most terms a convolution output may sum: the C accumulates w (x - z_x), each at most
+#: 128 * 255 in magnitude, in int32 (65792 * 32640 < 2**31).
+MAX_REDUCTION = 65792
 KINDS = {"affine": 0, "add": 1, "maxpool": 2, "avgpool": 3, "gap": 4, "clamp": 5, "copy": 6}
 SUPPORTED = ("QConv2d (any stride / padding / dilation / groups, incl. depthwise and 1x1)",
              "QLinear", "QInvertedResidual (with QAdd)", "QMaxPool2d", "QAvgPool2d",
@@ -97,6 +100,11 @@ class _Builder:
 
     def affine(self, module, x: int, stage: int, name: str) -> int:
         t = self.tensors[x]
+        weight = module.weight
+        if weight.numel() // weight.shape[0] > MAX_REDUCTION:
+            raise _unsupported(name, module, f"an output sums {weight.numel() // weight.shape[0]} "
+                               f"products, more than the {MAX_REDUCTION} an int32 accumulator "
+                               "holds exactly")
         if isinstance(module, QLinear):
             if t.h != 1 or t.w != 1 or t.c != module.in_features:
                 raise _unsupported(name, module, f"its input must be a flat vector of "

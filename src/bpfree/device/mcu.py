@@ -22,7 +22,10 @@ from .result import LOSS_SCALE, DeviceResult, load_weights
 TOOLS = {"gcc": "arm-none-eabi-gcc", "size": "arm-none-eabi-size", "qemu": "qemu-system-arm"}
 INSTALL_HINT = ("apt-get install -y gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm "
                 "(or `make device-toolchain`)")
-M7_FLAGS = ("-mcpu=cortex-m7", "-mthumb", "-mfloat-abi=soft", "-std=c99", "-O2", "-Wall",
+#: The STM32H7B3's Cortex-M7 has a double-precision FPU (FPv5-D16); the update's float64 is
+#: IEEE either way, so hardware and software floating point give the same bits.
+M7_FLAGS = ("-mcpu=cortex-m7", "-mthumb", "-mfpu=fpv5-d16", "-mfloat-abi=hard", "-std=c99",
+            "-O2", "-Wall",
             "-ffp-contract=off", "-fno-fast-math", "-ffunction-sections", "-fdata-sections")
 RAM_ORIGIN = 0x20000000
 QEMU_TIMEOUT_S = 3600
@@ -98,6 +101,10 @@ void (*const vectors[16])(void) = {
     (void (*)(void))&_estack, Reset_Handler, fault, fault, fault, fault, fault, 0, 0, 0, 0,
     fault, fault, 0, fault, fault};
 void Reset_Handler(void) {
+    /* CPACR: full access to the FPU (CP10, CP11) before any floating-point instruction. */
+    *(volatile uint32_t *)0xE000ED88u |= 0xFu << 20;
+    __asm__ volatile("dsb");
+    __asm__ volatile("isb");
     uint32_t *src = &_sidata, *dst = &_sdata;
     while (dst < &_edata) *dst++ = *src++;
     for (dst = &_sbss; dst < &_ebss;) *dst++ = 0;
@@ -171,12 +178,12 @@ def size_of(elf: Path) -> dict[str, int]:
     return {"text": text, "data": data, "bss": bss}
 
 
-def qemu(elf: Path, args: list[str], cwd: Path, *, icount: bool = False
-         ) -> subprocess.CompletedProcess:
+def qemu(elf: Path, args: list[str], cwd: Path, *, icount: bool = False,
+         extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run ``elf`` on QEMU's mps2-an500 (Cortex-M7) with semihosting; ``args`` are argv[1:]."""
     cfg = ",".join(["enable=on", "target=native", f"arg={elf.name}", *[f"arg={a}" for a in args]])
     cmd = [TOOLS["qemu"], "-M", "mps2-an500", "-nographic", "-monitor", "none",
-           "-semihosting-config", cfg, "-kernel", str(elf)]
+           "-semihosting-config", cfg, "-kernel", str(elf), *extra]
     if icount:
         cmd[1:1] = ["-icount", "shift=0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=QEMU_TIMEOUT_S)
@@ -186,8 +193,53 @@ def qemu(elf: Path, args: list[str], cwd: Path, *, icount: bool = False
     return proc
 
 
+def _train_file(xs: np.ndarray, ys: np.ndarray, steps: int, batch_size: int, lr: float
+                ) -> bytes:
+    head = np.array([len(xs), xs.shape[1], steps, batch_size], dtype=np.int32)
+    return head.tobytes() + np.float64(lr).tobytes() + xs.tobytes() + ys.astype(np.int32).tobytes()
+
+
+def _one_insn_per_tb() -> str:
+    # QEMU 8.1 renamed -singlestep (Debian 12 ships 7.2).
+    out = subprocess.run([TOOLS["qemu"], "-help"], capture_output=True, text=True).stdout
+    return "-one-insn-per-tb" if "one-insn-per-tb" in out else "-singlestep"
+
+
+def traced_step_instructions(program, xs: np.ndarray, ys: np.ndarray, batch_size: int,
+                             lr: float) -> int:
+    """The first step's executed instructions from a per-instruction trace: QEMU translates
+    one instruction per block and logs every block it runs (``-d exec,nochain``); counted
+    from the entry of ``bpfree_step`` to the return into its caller. Independent of the
+    timer that :func:`run_emulated` reads, and far slower: a cross-check for small programs."""
+    elf = build_elf(program)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        shutil.copy(elf, work / elf.name)
+        (work / "train.bin").write_bytes(_train_file(xs, ys, 1, batch_size, lr))
+        qemu(work / elf.name, ["train", "train.bin", "losses.bin", "weights.bin"], work,
+             extra=(_one_insn_per_tb(), "-d", "exec,nochain", "-D", "exec.log"))
+        count, caller, previous = None, None, None
+        with open(work / "exec.log") as log:
+            for line in log:
+                if not line.startswith("Trace"):
+                    continue
+                symbol = line.rsplit(" ", 1)[1].strip()
+                if count is None:
+                    if symbol == "bpfree_step":
+                        count, caller = 0, previous
+                    previous = symbol
+                if count is not None:
+                    if symbol == caller:
+                        return count
+                    count += 1
+    raise RuntimeError("the trace holds no complete call of bpfree_step")
+
+
 def run_emulated(program, xs: np.ndarray, ys: np.ndarray, steps: int, batch_size: int,
-                 lr: float):
+                 lr: float, *, count_instructions: bool = False):
+    """K steps under QEMU. ``count_instructions``: run with ``-icount shift=0`` and return each
+    step's executed instructions (timer ticks times :data:`INSNS_PER_TICK`, so exact to
+    within one tick)."""
     if len(xs) > program.meta["max_samples"]:
         raise ValueError(f"the emulated program reads at most {program.meta['max_samples']} "
                          f"samples, got {len(xs)}; export with a larger max_samples")
@@ -195,14 +247,15 @@ def run_emulated(program, xs: np.ndarray, ys: np.ndarray, steps: int, batch_size
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         shutil.copy(elf, work / elf.name)
-        head = np.array([len(xs), xs.shape[1], steps, batch_size], dtype=np.int32)
-        (work / "train.bin").write_bytes(head.tobytes() + np.float64(lr).tobytes()
-                                         + xs.tobytes() + ys.astype(np.int32).tobytes())
+        (work / "train.bin").write_bytes(_train_file(xs, ys, steps, batch_size, lr))
         start = time.perf_counter()
-        qemu(work / elf.name, ["train", "train.bin", "losses.bin", "weights.bin"], work)
+        qemu(work / elf.name, ["train", "train.bin", "losses.bin", "weights.bin", "counts.bin"],
+             work, icount=count_instructions)
         wall = time.perf_counter() - start
         sums = np.frombuffer((work / "losses.bin").read_bytes(), dtype=np.int64).tolist()
         raw = (work / "weights.bin").read_bytes()
+        ticks = np.frombuffer((work / "counts.bin").read_bytes(), dtype=np.uint32)
+    instructions = ([int(t) * INSNS_PER_TICK for t in ticks] if count_instructions else None)
     weights, pos = [], 0
     for row in program.meta["trainable"]:
         w = np.frombuffer(raw, dtype=np.int8, count=row["d_w"], offset=pos).copy()
@@ -211,7 +264,7 @@ def run_emulated(program, xs: np.ndarray, ys: np.ndarray, steps: int, batch_size
         pos += 4 * row["cout"]
         weights.append((w, b))
     return DeviceResult([s / batch_size * LOSS_SCALE for s in sums],
-                        load_weights(program, weights), sums, wall)
+                        load_weights(program, weights), sums, wall, instructions)
 
 
 def infer_emulated(program, xs: np.ndarray) -> torch.Tensor:

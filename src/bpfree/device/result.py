@@ -14,12 +14,14 @@ LOSS_SCALE = 2.0 ** -24
 
 @dataclass
 class DeviceResult:
-    """Per-step mean losses (float, from the integer sums) and the C-trained model copy."""
+    """Per-step mean losses (float, from the integer sums) and the C-trained model copy;
+    ``instructions``: executed instructions per step (emulated runs with counting only)."""
 
     losses: list[float]
     model: torch.nn.Module
     loss_sums: list[int] = field(default_factory=list)
     wall_s: float = 0.0
+    instructions: list[int] | None = None
 
 
 def load_weights(program: DeviceProgram, weights: list[tuple[np.ndarray, np.ndarray]]

@@ -102,16 +102,24 @@ def _check_run_args(program: DeviceProgram, x, y, steps, batch_size, lr) -> None
 
 
 def run_c(program, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int,
-          lr: float) -> DeviceResult:
+          lr: float, *, count_instructions: bool = False) -> DeviceResult:
     """Run ``steps`` device-exact PMT steps of the exported ``program`` (a directory or a
-    :class:`DeviceProgram`) from its exported weights, on cyclic batches of ``(x, y)``."""
+    :class:`DeviceProgram`) from its exported weights, on cyclic batches of ``(x, y)``.
+
+    ``count_instructions`` (cortex-m7 only): also return each step's executed instructions,
+    counted by QEMU's ``-icount`` (:func:`~bpfree.device.mcu.run_emulated`).
+    """
     if not isinstance(program, DeviceProgram):
         program = DeviceProgram.load(program)
     _check_run_args(program, x, y, steps, batch_size, lr)
+    if count_instructions and program.target != "cortex-m7":
+        raise ValueError("count_instructions needs a cortex-m7 program (QEMU counts the "
+                         f"instructions); this one targets {program.target!r}")
     xs = _as_int8(program, x)
     ys = np.ascontiguousarray(y.numpy().astype(np.int32))
     if program.target == "cortex-m7":
-        return run_emulated(program, xs, ys, steps, batch_size, float(lr))
+        return run_emulated(program, xs, ys, steps, batch_size, float(lr),
+                            count_instructions=count_instructions)
     lib = _load(build_host_library(program))
     lib.bpfree_init()
     sums = []

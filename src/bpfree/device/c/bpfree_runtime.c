@@ -60,43 +60,67 @@ static int8_t *tensor_at(bpf_model *m, int32_t t, const uint32_t *placement) {
     return m->arena + (placement ? placement[t] : m->tensors[t].off);
 }
 
+/* The taps k of a kernel axis that land inside the input: lo <= k < hi, for
+ * position o0 + k * d with o0 = out * stride - pad. */
+static void valid_taps(int32_t o0, int32_t d, int32_t k, int32_t size, int32_t *lo,
+                       int32_t *hi) {
+    int32_t a = o0 < 0 ? (-o0 + d - 1) / d : 0;
+    int32_t b = size - o0 <= 0 ? 0 : (size - o0 + d - 1) / d;
+    *lo = a;
+    *hi = b < k ? b : k;
+}
+
 /* QConv2d / QLinear (a linear layer is a 1x1 convolution on a 1x1 map). Output elements are
- * produced in (n, c, h, w) order, the order of the node perturbation's XORShift32 stream. */
+ * produced in (n, c, h, w) order, the order of the node perturbation's XORShift32 stream.
+ * Padding taps are skipped (they hold the zero point, so they add nothing). The sum of a
+ * position's |w (x - z_x)| <= 128 * 255 terms fits int32 when the reduction has at most
+ * BPF_MAX_REDUCTION of them, which the exporter checks. */
 static void affine(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
                    const int8_t *x, int8_t *y, int32_t batch) {
     uint32_t s = p->np_seed;
     int32_t cin_g = p->cin / p->groups, cout_g = p->cout / p->groups;
+    int32_t taps = p->kh * p->kw, red = cin_g * taps;
+    int32_t ihw = ti->h * ti->w, zp = p->in_zp;
+    int pointwise = taps == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0 &&
+                    ti->h == to->h && ti->w == to->w;
     for (int32_t n = 0; n < batch; n++) {
         const int8_t *xn = x + (int64_t)n * ti->numel;
         int8_t *yn = y + (int64_t)n * to->numel;
         for (int32_t co = 0; co < p->cout; co++) {
-            int32_t g = co / cout_g;
-            const int8_t *wc = p->w + (int64_t)co * cin_g * p->kh * p->kw;
+            const int8_t *wc = p->w + (int64_t)co * red;
+            const int8_t *xg = xn + (int64_t)(co / cout_g) * cin_g * ihw;
+            int8_t *yc = yn + (int64_t)co * to->h * to->w;
             for (int32_t oh = 0; oh < to->h; oh++) {
+                int32_t ih0 = oh * p->sh - p->ph, ilo, ihi;
+                valid_taps(ih0, p->dh, p->kh, ti->h, &ilo, &ihi);
                 for (int32_t ow = 0; ow < to->w; ow++) {
-                    int64_t acc = 0;
-                    for (int32_t ci = 0; ci < cin_g; ci++) {
-                        const int8_t *xc = xn + (int64_t)(g * cin_g + ci) * ti->h * ti->w;
-                        for (int32_t i = 0; i < p->kh; i++) {
-                            int32_t ih = oh * p->sh - p->ph + i * p->dh;
-                            if (ih < 0 || ih >= ti->h) continue;
-                            for (int32_t j = 0; j < p->kw; j++) {
-                                int32_t iw = ow * p->sw - p->pw + j * p->dw;
-                                if (iw < 0 || iw >= ti->w) continue; /* padding = zero point */
-                                acc += (int64_t)wc[(ci * p->kh + i) * p->kw + j] *
-                                       ((int64_t)xc[ih * ti->w + iw] - p->in_zp);
+                    int32_t acc = 0;
+                    if (pointwise) {
+                        const int8_t *xp = xg + oh * ti->w + ow;
+                        for (int32_t ci = 0; ci < cin_g; ci++)
+                            acc += (int32_t)wc[ci] * ((int32_t)xp[(int64_t)ci * ihw] - zp);
+                    } else {
+                        int32_t iw0 = ow * p->sw - p->pw, jlo, jhi;
+                        valid_taps(iw0, p->dw, p->kw, ti->w, &jlo, &jhi);
+                        for (int32_t ci = 0; ci < cin_g; ci++) {
+                            const int8_t *xc = xg + (int64_t)ci * ihw;
+                            const int8_t *wk = wc + ci * taps;
+                            for (int32_t i = ilo; i < ihi; i++) {
+                                const int8_t *row = xc + (ih0 + i * p->dh) * ti->w + iw0;
+                                const int8_t *wr = wk + i * p->kw;
+                                for (int32_t j = jlo; j < jhi; j++)
+                                    acc += (int32_t)wr[j] * ((int32_t)row[j * p->dw] - zp);
                             }
                         }
                     }
-                    int64_t v = sat32(acc + p->b[co]);
+                    int64_t v = sat32((int64_t)acc + p->b[co]);
                     int64_t z = mbqm(v, p->mult[co], p->shift[co]) + p->out_zp;
                     z = clampi(z, -128, 127);
                     if (p->np_seed) {
                         s = xorshift32(s);
                         z += RADEMACHER(s);
                     }
-                    yn[((int64_t)co * to->h + oh) * to->w + ow] = (int8_t)clampi(z, p->qmin,
-                                                                                p->qmax);
+                    yc[oh * to->w + ow] = (int8_t)clampi(z, p->qmin, p->qmax);
                 }
             }
         }
