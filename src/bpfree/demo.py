@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .baselines import BPTrainer
-from .harness import fit
+from .harness import accuracy, fit
 from .io import write_json
 from .models import digits_mlp
 
@@ -108,10 +108,12 @@ def corrupt(x: torch.Tensor, *, noise: float, contrast: float, brightness: float
     return (y + noise * torch.randn(x.shape, generator=gen)).clamp(0.0, 1.0)
 
 
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Top-1 accuracy as a fraction in [0, 1] (float model or QuantizedModel)."""
-    with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean())
+def accuracy_fraction(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """:func:`bpfree.harness.accuracy` as a fraction in [0, 1] (float model or
+    QuantizedModel), the demo's unit. Rounded to float32, as the demo has always reported it
+    (it was a float32 mean), so its JSON for a given seed stays bit-identical."""
+    return float(torch.tensor(accuracy(model, x, y, batch_size=x.shape[0]) / 100.0,
+                              dtype=torch.float32))
 
 
 def pretrain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, seed: int, epochs: int = 60) -> None:
@@ -174,9 +176,9 @@ def drifted_digits(*, seed: int, noise: float, contrast: float, brightness: floa
     # 1. Factory: BP pretraining of the float model, then PTQ to INT8 on clean digits.
     float_model = digits_mlp()
     pretrain(float_model, x_tr, y_tr, seed=seed)
-    acc_float = accuracy(float_model, x_te, y_te)
+    acc_float = accuracy_fraction(float_model, x_te, y_te)
     qmodel = quantize_model(float_model, x_tr, input_range=INPUT_RANGE)
-    acc_int8 = accuracy(qmodel, x_te, y_te)
+    acc_int8 = accuracy_fraction(qmodel, x_te, y_te)
     # 2. The sensor drifts.
     xc_tr = corrupt(x_tr, noise=noise, contrast=contrast, brightness=brightness, seed=seed + 1)
     xc_te = corrupt(x_te, noise=noise, contrast=contrast, brightness=brightness, seed=seed + 2)
@@ -212,7 +214,7 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
     float_model, qmodel, xc_tr, xc_te = s["float_model"], s["qmodel"], s["xc_tr"], s["xc_te"]
     y_tr, y_te = s["y_tr"], s["y_te"]
     acc_float, acc_int8 = s["acc_float"], s["acc_int8"]
-    acc_before = accuracy(qmodel, xc_te, y_te)
+    acc_before = accuracy_fraction(qmodel, xc_te, y_te)
     factory_seconds = time.perf_counter() - start
 
     # 3. On the device: PMT on the integer model, forward passes only.
@@ -220,7 +222,7 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
     method = _MeasureFirstStep(trainer, qmodel)
     history = fit(method, xc_tr, y_tr, epochs=epochs, batch_size=batch_size, lr=lr,
                   schedule=schedule, seed=seed + 3, progress=progress)
-    acc_after = accuracy(qmodel, xc_te, y_te)
+    acc_after = accuracy_fraction(qmodel, xc_te, y_te)
 
     # 4. PMT's training memory on the device, from the analytic rule (PMT Table 3, per layer):
     # the int8 inference graph (parameters, activations) plus what training adds on top.

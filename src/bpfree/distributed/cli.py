@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..demo import accuracy
+from ..demo import accuracy_fraction
 from ..io import check_output_path, write_json
 from ..pmt import PMTConfig
 from .comm import DEFAULT_TIMEOUT_S, SingleProcess
@@ -141,8 +141,8 @@ def federated(args, options: FleetOptions) -> dict:
         "late_client_agrees": weights_digest(late.trainer.model)
         == weights_digest(server.trainer.model),
         "bytes_per_round": per_round, "trainable_values": d,
-        "acc_before": accuracy(initial, setup["x_test"], setup["y_test"]),
-        "acc_after": accuracy(server.trainer.model, setup["x_test"], setup["y_test"]),
+        "acc_before": accuracy_fraction(initial, setup["x_test"], setup["y_test"]),
+        "acc_after": accuracy_fraction(server.trainer.model, setup["x_test"], setup["y_test"]),
     }
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..demo import accuracy, drifted_digits
+from ..demo import accuracy_fraction, drifted_digits
 from ..estimators import rge
 from ..harness import batches, cosine_lr
 from ..objective import Objective
@@ -114,7 +114,7 @@ def train(setup: dict, options: FleetOptions, comm=None) -> dict:
     """
     comm = comm or SingleProcess()
     model, x, y = setup["model"], setup["x"], setup["y"]
-    acc_before = accuracy(model, setup["x_test"], setup["y_test"])
+    acc_before = accuracy_fraction(model, setup["x_test"], setup["y_test"])
     n = x.shape[0]
     total = options.epochs * math.ceil(n / options.batch_size)
     if options.method == "pmt":
@@ -141,7 +141,7 @@ def train(setup: dict, options: FleetOptions, comm=None) -> dict:
     seconds = time.perf_counter() - start
     out = {"rank": comm.rank, "weights_sha256": weights_digest(model), "steps": steps,
            "acc_before": acc_before,
-           "acc_after": accuracy(model, setup["x_test"], setup["y_test"]),
+           "acc_after": accuracy_fraction(model, setup["x_test"], setup["y_test"]),
            "bytes_per_step": comm.bytes_reduced / max(steps, 1),
            "collectives_per_step": comm.collectives / max(steps, 1),
            "seconds": seconds, "seconds_per_step": seconds / max(steps, 1)}
