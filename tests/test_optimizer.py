@@ -47,7 +47,7 @@ def test_training_reduces_the_loss():
     for _ in range(40):
         opt.step(obj)
     assert float(obj()) < 0.8 * first
-    assert opt.forward_passes == 40 * 2 * (8 + 1)  # two layers, Q + 1 passes each
+    assert opt.batch_forwards == 40 * 2 * (8 + 1)  # two layers, Q + 1 passes each
 
 
 def test_lean_and_batched_training_agree():
@@ -182,7 +182,7 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path):
     _train(m_b, o_b, 6, start=4)
     for a, b in zip(m_full.parameters(), m_b.parameters()):
         assert torch.equal(a, b)
-    assert o_b.forward_passes == o_full.forward_passes
+    assert o_b.batch_forwards == o_full.batch_forwards
 
 
 def test_bad_hyper_parameters_are_rejected():
@@ -288,3 +288,16 @@ def test_batched_mode_refuses_a_recurrent_model_and_lean_trains_it():
     lean = ZOOptimizer(model.parameters(), lr=0.05, estimator=rge(4), mode="lean")
     lean.step(objective)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_old_counter_names_warn_and_read_the_batch_forwards():
+    """forward_passes was renamed batch_forwards (whole-batch passes; a trainer's forwards
+    counts per sample): the old name still reads the count, with a DeprecationWarning."""
+    p = torch.zeros(3)
+    opt = ZOOptimizer([p], estimator=rge(4, mu=1e-2))
+    opt.step(lambda: float((p - 1).square().sum()))
+    assert opt.batch_forwards == 5 and opt.last_stats.batch_forwards == 5  # Q + 1
+    with pytest.warns(DeprecationWarning, match="use ZOOptimizer.batch_forwards"):
+        assert opt.forward_passes == 5
+    with pytest.warns(DeprecationWarning, match="use StepStats.batch_forwards"):
+        assert opt.last_stats.forward_passes == 5

@@ -251,7 +251,7 @@ def test_fg_w_is_unbiased():
     x, y = batch(n=16, d=6, c=3)
     true = torch.cat([g.flatten() for g in bp_grads(model, x, y)])
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
-    fg = ForwardGradientW(model, num_directions=2000, seed=3)
+    fg = ForwardGradientW(model, num_queries=2000, seed=3)
     fg.step(x, y, 1.0)   # θ ← θ − 1·ĝ, ĝ = mean over 2000 directions
     est = before - torch.cat([p.detach().flatten() for p in model.parameters()])
     cos = torch.nn.functional.cosine_similarity(est, true, dim=0)
@@ -452,3 +452,14 @@ def test_queries_to_accuracy_reads_the_log(digits):
     assert queries_to_accuracy(log, 0.0, unit="forwards") == log.forwards[0]
     assert queries_to_accuracy(log, 101.0, unit="forwards") is None
     assert accuracy(method.model, xte, yte) == log.val_acc[-1]
+
+
+def test_forward_gradient_w_takes_num_queries_and_its_old_name_with_a_warning():
+    model = nn.Sequential(nn.Linear(4, 3))
+    assert ForwardGradientW(model, num_queries=3).optimizer.estimator.num_queries == 3
+    with pytest.warns(DeprecationWarning, match="'num_directions' is deprecated; use "
+                                                "'num_queries'"):
+        fg = ForwardGradientW(model, num_directions=2)
+    assert fg.optimizer.estimator.num_queries == 2
+    with pytest.raises(TypeError, match="give num_queries only"):
+        ForwardGradientW(model, num_queries=2, num_directions=2)

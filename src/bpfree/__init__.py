@@ -8,6 +8,13 @@ local layer-wise rules. The usual entry points::
     from bpfree.transforms import gradient_norm_scaling, cosine
 
 See README.md for the tour and docs/ for how each module maps to the papers.
+
+Names, one per concept (the glossary with each paper's symbol is in docs/PAPERS.md):
+``num_queries`` for the perturbed queries per step (Q, m, N in the papers), ``mu`` for the
+perturbation radius (μ, ε), ``forwards`` for per-sample forward passes and
+``batch_forwards`` for passes over a whole batch. Paper-specific configs keep the paper's
+letter where it is written into results (``PMTConfig.queries``, ``QZOFFConfig.m`` / ``eps``);
+renamed arguments still accept their old name with a DeprecationWarning.
 """
 
 import importlib

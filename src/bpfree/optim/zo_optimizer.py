@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._deprecation import warn_renamed
 from ..estimators import QueryContext, WeightPerturbation, get_estimator, materialize
 from ..objective import Objective
 from ..perturb import add_direction_, derive_seed, get_distribution
@@ -92,11 +93,17 @@ class StepStats:
 
     step: int
     loss: float
-    forward_passes: int
+    batch_forwards: int
     queries: int
     dropped: int
     applied: bool
     lr: float
+
+    @property
+    def forward_passes(self) -> int:
+        """Deprecated name of :attr:`batch_forwards`."""
+        warn_renamed("StepStats.forward_passes", "StepStats.batch_forwards")
+        return self.batch_forwards
 
 
 class ZOOptimizer(torch.optim.Optimizer):
@@ -252,8 +259,16 @@ class ZOOptimizer(torch.optim.Optimizer):
         return self.state["zo"]["step"]
 
     @property
+    def batch_forwards(self) -> int:
+        """Closure evaluations so far, each one forward pass over the whole batch (TT-ZO's
+        ``batch_forwards``); a trainer's ``forwards`` counts per sample, this times N."""
+        return self.state["zo"]["forward_passes"]  # the key checkpoints were saved with
+
+    @property
     def forward_passes(self) -> int:
-        return self.state["zo"]["forward_passes"]
+        """Deprecated name of :attr:`batch_forwards`."""
+        warn_renamed("ZOOptimizer.forward_passes", "ZOOptimizer.batch_forwards")
+        return self.batch_forwards
 
     # -- the step ------------------------------------------------------------------------
     def context(self, closure) -> QueryContext:
@@ -304,7 +319,7 @@ class ZOOptimizer(torch.optim.Optimizer):
         zo["step"] = t + 1
         zo["forward_passes"] += int(est.forward_passes)
         zo["dropped"] += int(est.dropped)
-        self.last_stats = StepStats(step=t, loss=est.loss, forward_passes=int(est.forward_passes),
+        self.last_stats = StepStats(step=t, loss=est.loss, batch_forwards=int(est.forward_passes),
                                     queries=est.queries, dropped=est.dropped, applied=applied,
                                     lr=self.param_groups[0]["lr"] * multiplier)
         return est.loss

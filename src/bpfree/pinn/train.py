@@ -129,9 +129,9 @@ def train_zo(model: nn.Module, problem: PDEProblem, backend="SG", *, steps: int 
         def closure():
             return pinn_loss(model, problem, backend, batch, lambda_initial, lambda_boundary)["loss"]
 
-        before = opt.forward_passes
+        before = opt.batch_forwards
         loss = opt.step(closure)
-        n = opt.forward_passes - before
+        n = opt.batch_forwards - before
         res.loss_evaluations += n
         res.point_evaluations += n * (batch_size * per_point + n_initial + n_boundary)
         if log_every and (step % log_every == 0 or step == steps - 1):

@@ -29,6 +29,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
+from .._deprecation import renamed_argument
 from ..baselines import BPTrainer
 from ..harness import check_batch, check_learning_rate
 from ..objective import cross_entropy_per_sample
@@ -238,16 +239,21 @@ class MaskedModel(nn.Module):
 class ForwardGradientW(ZOTrainer):
     """FG-W: weight-perturbed forward gradient (Baydin et al. 2022; TT-ZO Table 3).
 
-    ``ĝ = (1/N) Σ_q (∇L·v_q) v_q`` with Gaussian ``v_q`` and the directional derivative
+    ``ĝ = (1/N) Σ_q (∇L·v_q) v_q`` with ``N = num_queries`` Gaussian ``v_q`` and the directional derivative
     computed exactly by one JVP (``torch.func.jvp``) per direction: unbiased,
     ``E[ĝ] = ∇L``. This is :class:`ZOTrainer` with the foundation's
     :func:`~bpfree.estimators.forward_gradient` estimator; ``batch_forwards`` counts one
     forward-mode pass per direction.
     """
 
-    def __init__(self, model: nn.Module, *, num_directions: int = 1, momentum: float = 0.0,
-                 params=None, seed: int = 0, loss_fn: Callable = cross_entropy_per_sample) -> None:
-        super().__init__(model, "forward_gradient", num_queries=num_directions, momentum=momentum,
+    def __init__(self, model: nn.Module, *, num_queries: int | None = None,
+                 momentum: float = 0.0, params=None, seed: int = 0,
+                 loss_fn: Callable = cross_entropy_per_sample,
+                 num_directions: int | None = None) -> None:
+        # num_directions: the old name of num_queries, accepted with a DeprecationWarning
+        num_queries = renamed_argument("num_directions", num_directions, "num_queries",
+                                       num_queries, 1)
+        super().__init__(model, "forward_gradient", num_queries=num_queries, momentum=momentum,
                          distribution="gaussian", params=params, seed=seed, loss_fn=loss_fn)
 
 

@@ -162,10 +162,10 @@ class ZOTrainer:
             group["lr"] = lr
         loss = self.optimizer.step(Objective(self.model, x, y, self.loss_fn))
         stats = self.optimizer.last_stats
-        self.batch_forwards += stats.forward_passes
-        self.forwards += stats.forward_passes * int(x.shape[0])
+        self.batch_forwards += stats.batch_forwards
+        self.forwards += stats.batch_forwards * int(x.shape[0])
         self.steps += 1
-        return {"loss": float(loss), "batch_forwards": stats.forward_passes,
+        return {"loss": float(loss), "batch_forwards": stats.batch_forwards,
                 "applied": stats.applied, "estimator": self.name}
 
 
