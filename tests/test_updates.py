@@ -109,3 +109,22 @@ def test_adamw_transform_matches_torch_adamw():
     assert ours.state["t"] == 4 and ours.t == 4
     with pytest.raises(ValueError, match="beta1"):
         FloatOptimizer("sgd", betas=(1.0, 0.9))
+
+
+def test_no_map_transform_writes_into_the_gradients_it_is_given():
+    """The other half of the contract: a transform's output may alias its state (momentum),
+    so a chain is only safe if no transform writes into its input."""
+    from bpfree.transforms import (TensorInfo, adamw, clip_by_norm, clip_by_value,
+                                   kernelwise_normalization, momentum, sign)
+
+    g = torch.tensor([[0.5, -3.0], [2.0, 0.25]])
+    params = [torch.tensor([[1.0, 2.0], [-1.0, 0.5]])]
+    infos = [TensorInfo(name="w", num_directions=1, dim=4)]
+    for t in (sign(), momentum(0.9), adamw(), kernelwise_normalization(), clip_by_norm(1.0),
+              clip_by_value(1.0)):
+        grads = [g.clone()]
+        state = t.init(params)
+        for _ in range(2):
+            out = t.update(grads, state, infos, params)
+            assert torch.equal(grads[0], g), repr(t)
+        assert not torch.equal(out[0], g), repr(t)  # each one does transform (momentum: b_1)

@@ -1,10 +1,13 @@
 """Composable gradient transforms, in the manner of optax.
 
 A transform is a small object with ``init(params) -> state`` and
-``update(grads, state, infos, params) -> grads``. Unlike optax, ``update`` changes ``state``
-in place instead of returning a new one: a momentum buffer is as large as the parameters, and
-a device that trains without back-propagation cannot afford a second copy for a functional
-swap. ``grads`` may be transformed in place too; callers pass buffers they own. A paper's
+``update(grads, state, infos, params) -> grads``. Unlike optax's functional
+``update(grads, state) -> (grads, state)``, ``update`` changes ``state`` in place and returns
+only the transformed gradients: a momentum buffer is as large as the parameters, and a
+device that trains without back-propagation cannot afford a second copy for a functional
+swap. ``update`` never writes into the ``grads`` it is given; the tensors it returns may be
+its own state (:class:`~bpfree.transforms.Momentum` returns its buffers), so a caller reads
+them, or passes them to the next transform, and does not write into them either. A paper's
 update rule is a short chain of transforms, and an ablation is the same chain with one piece
 removed.
 
@@ -64,8 +67,9 @@ class MapTransform:
 
     def update(self, grads: list[Tensor], state: dict,
                infos: list[TensorInfo], params: list[Tensor]) -> list[Tensor]:
-        """Return the transformed gradients, updating ``state`` in place (see the module
-        docstring for why this is not optax's functional ``(grads, state)``)."""
+        """Return the transformed gradients, updating ``state`` in place and leaving
+        ``grads`` unchanged (see the module docstring for why this is not optax's functional
+        ``(grads, state)``)."""
         raise NotImplementedError  # pragma: no cover - interface
 
     def __repr__(self) -> str:
