@@ -152,14 +152,14 @@ class _SlicedLayer:
         if self.binary_weights:
             dw.masked_fill_((w > 1) | (w < -1), 0.0)
             old = float(torch.linalg.vector_norm(w, 1))
-            w.sub_(self._direction("weight", dw, lr))
+            self._descend(w, "weight", dw, lr)
             if kept is not None:
                 w[keep] = kept
             self.abs_sum += float(torch.linalg.vector_norm(w, 1)) - old
             signs = self.signs[self.slice_idx(self.slice_index)]
             signs.copy_(w >= 0).mul_(2).sub_(1)
         else:
-            w.sub_(self._direction("weight", dw, lr))
+            self._descend(w, "weight", dw, lr)
             if kept is not None:
                 w[keep] = kept
 
@@ -170,10 +170,18 @@ class _SlicedLayer:
         self.adam = (betas, eps)
         self.adam_state: dict = {}
 
+    def _descend(self, w: torch.Tensor, key: str, grad: torch.Tensor, lr: float) -> None:
+        """``w −= η·g`` (Eq. 3; ``sub_`` with ``alpha``, whose rounding the golden digests
+        pin) or ``w −=`` Adam's step."""
+        if self.adam is None:
+            w.sub_(grad, alpha=lr)
+        else:
+            w.sub_(self._direction(key, grad, lr))
+
     def _direction(self, key: str, grad: torch.Tensor, lr: float) -> torch.Tensor:
         """The step ``η·g`` (SGD) or Adam's bias-corrected ``η·m̂/(√v̂ + ε)``."""
         if self.adam is None:
-            return grad * lr
+            return lr * grad
         (b1, b2), eps = self.adam
         m, v, t = self.adam_state.get(key, (torch.zeros_like(grad), torch.zeros_like(grad), 0))
         t += 1
