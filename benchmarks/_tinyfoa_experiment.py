@@ -82,7 +82,10 @@ def _data(kind: str, n_train: int | None, n_test: int | None, n_val: int = 0):
 
 
 def run_job(job: dict) -> tuple[dict, float]:
-    """Train one (dataset, method, architecture, M, F, seed) and return its test error."""
+    """Train one (dataset, method, architecture, M, F, seed) and return its test error.
+
+    A run whose loss turns non-finite returns error 100 (%) and the job with a ``diverged`` key
+    holding the reason."""
     torch.set_num_threads(1)
     x, y, xv, yv, xt, yt = _data(job["dataset"], job["train"], job["test"], job.get("val", 0))
     eval_on = job.get("eval_on", "test")
@@ -109,6 +112,12 @@ def run_job(job: dict) -> tuple[dict, float]:
         if regime.get("layerwise"):
             slices *= depth           # every layer's phase visits each slice ``visits`` times
     f = job["exchanges"] if job["exchanges"] else job["visits"] * slices
-    fit_epochs(method, x, y, epochs=job["epochs"], batch_size=job["batch"],
-               lr=job.get("lr") or default_lr(name, job["dataset"]), exchanges=f, seed=seed)
+    try:
+        fit_epochs(method, x, y, epochs=job["epochs"], batch_size=job["batch"],
+                   lr=job.get("lr") or default_lr(name, job["dataset"]), exchanges=f,
+                   seed=seed)
+    except FloatingPointError as exc:
+        # A rate at which training blows up is a result of the search (the rate loses), not
+        # a reason to abort hours of other jobs: it scores 100 % error and is listed.
+        return dict(job, diverged=str(exc)), 100.0
     return job, (evaluate(method, xv, yv) if eval_on == "val" else evaluate(method, xt, yt))

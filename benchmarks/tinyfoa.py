@@ -508,8 +508,11 @@ def run(quick: bool):
     for label, (_, centre) in REGIMES.items():
         sweep += [regime_job(label, centre * mult, 0, "val") for mult in cfg["lr_grid"]]
     val_scores: dict = {}
+    diverged: list[dict] = []
     with spawn_pool(workers) as pool:
         for job, err in pool.map(run_job, sweep):
+            if "diverged" in job:
+                diverged.append(job)
             key = (("regime", job["regime"]) if job.get("group") == "regime" else
                    _key(job["arch"], job["dataset"], job["method"]))
             val_scores.setdefault(key, {})[job["lr"]] = err
@@ -549,6 +552,8 @@ def run(quick: bool):
                  for s in cfg["seeds"]]
         results: dict = {}
         for job, err in pool.map(run_job, jobs):
+            if "diverged" in job:
+                diverged.append(job)
             key = ((job["group"], job["regime"]) if job["group"] == "regime" else
                    (job["group"], job["dataset"], job["method"], job["arch"], job["m"]))
             results.setdefault(key, []).append(err)
@@ -715,6 +720,8 @@ def run(quick: bool):
         "TinyFoA step (bpfree.memory.measure_peak, batch 1, full precision) on a 5×1024 FC "
         "network the paper does not list. Table 3's memory is for our LC network (the "
         "paper's LC architecture is not given), so its paper column is empty.",
+        f"diverged runs (non-finite loss, scored as 100 % error): {len(diverged)}"
+        + (" (listed under 'diverged' in the results file)." if diverged else "."),
         "TinyFoA predicts with the last hidden layer's auxiliary logits B_L h_L; "
         "DRTP uses tanh hidden units; FF's threshold equals the layer width on unit-RMS inputs.",
     ]
@@ -724,6 +731,11 @@ def run(quick: bool):
                   "validation_errors": {f"{a} {d} {n}": {f"{lr:g}": e for lr, e in v.items()}
                                         for (a, d, n), v in val_scores.items()},
                   "memory_check": mem_check,
+                  # runs whose loss turned non-finite: scored as 100 % error (a sweep rate
+                  # that diverges loses the search; a final run that diverges counts as failed)
+                  "diverged": [{k: j[k] for k in ("group", "dataset", "method", "arch", "m",
+                                                  "seed", "lr", "diverged") if k in j}
+                               for j in diverged],
                   "regime_learning_rates": regime_lrs,
                   "timings": {"sweep": t_sweep, "test_runs": t_test,
                               "total": time.perf_counter() - t0},

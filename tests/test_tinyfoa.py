@@ -533,3 +533,16 @@ def test_mitbih_job_uses_five_classes_and_168_inputs(monkeypatch):
     assert seen == {"sizes": [168, 16, 16, 16, 16], "n_classes": 5} and 0 <= err <= 100
     with pytest.raises(ValueError, match="28×28"):
         experiment.run_job(dict(job, arch="lc"))
+
+
+def test_run_job_scores_a_diverging_rate_as_failed():
+    """A rate at which the loss turns non-finite loses the search (100 % error) and is named,
+    instead of aborting every other job of the benchmark."""
+    from _tinyfoa_experiment import run_job
+
+    job = dict(dataset="mitbih", method="BP", arch="fc", m=2, seed=0, epochs=1, batch=64,
+               train=300, test=100, width=16, exchanges=None, visits=1, lr=1e30)
+    out, err = run_job(job)
+    assert err == 100.0 and "non-finite" in out["diverged"]
+    out, err = run_job(dict(job, lr=0.01))
+    assert "diverged" not in out and err < 100.0
