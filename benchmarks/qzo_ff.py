@@ -384,7 +384,7 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
         paper="31.64 vs 11.43 MB (2.8x)",
         ours=f"{vit['BP fp16 FT']:.3f} vs {vit['FF fp16 FT']:.3f} MB ({ratio:.1f}x, mnist-vit)",
         holds=ratio >= 2,
-        note="analytic rules (bpfree.memory.scratch_vs_weights), not a measurement; a 0.1M-"
+        note="analytic rules (bpfree.qzoff.scratch_vs_weights), not a measurement; a 0.1M-"
              "parameter ViT at 28x28, the paper's is 5.5M at 224x224"))
     ft_rows = {m: v for m, v in vit.items() if not m.endswith("LP")}
     smallest = min(ft_rows, key=ft_rows.get)
@@ -399,7 +399,7 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
 
 
 def _memory_rows(batch_size: int, m: int):
-    from bpfree.memory import scratch_vs_weights
+    from bpfree.qzoff import scratch_vs_weights
 
     rows = []
     for model in ("mnist-cnn", "mnist-vit"):
@@ -412,7 +412,7 @@ def run(quick: bool):
     from _qzoff_experiment import FEWSHOT_METHODS, run_task
 
     from bpfree.fewshot import mean_confidence_interval
-    from bpfree.memory import plot_scratch_vs_weights
+    from bpfree.qzoff import plot_scratch_vs_weights
 
     cfg = _settings(quick)
     seed = int(torch.initial_seed()) % (2**31)  # SEED, or bpfree bench --seed
@@ -745,7 +745,7 @@ def run(quick: bool):
         "named run's final weights (trajectory-PCA plane, Li et al. 2018 §7); paper Fig. 6 "
         "reports test errors BP D-VPT 7.02%, FF D-VPT 11.06%, 16w8a D-VPT 11.38%, 8w8a LP "
         "51.35% / D-VPT 52.98% (not converged)",
-        "memory: bpfree.memory.scratch_vs_weights (analytic rules) at batch 25, m = 3 for the "
+        "memory: bpfree.qzoff.scratch_vs_weights (analytic rules) at batch 25, m = 3 for the "
         "benchmark CNN and mnist-vit (TinyViT dim 64); paper column (Fig. 3, ViT tiny FT: BP "
         "fp16 31.64 MB, FF fp16 11.43 MB scratch; FF 16w8a sparse 0.40 MB) on the mnist-vit rows "
         "only -- a 5.5M-parameter model at 224x224 there, 0.1M at 28x28 here",

@@ -22,6 +22,7 @@ from bpfree.memory import (
     registered_rules,
 )
 from bpfree.memory import rules as rules_module
+from bpfree.pmt import layer_memory, pmt_modes
 
 SLACK = 256  # bytes of allocator rounding tolerated in measured peaks
 
@@ -339,7 +340,7 @@ def test_memory_report_table_lists_every_part(mlp_profile):
 # Live (input + output) per layer: 36+144, 144+144, 144 (Flatten aliases), 144+2.
 # MACs per sample: conv 6*6*4*1*3*3 = 1296, linear 144*2 = 288, total 1584.
 
-from bpfree.memory import macs_per_iteration, method_defaults, pmt_modes  # noqa: E402
+from bpfree.memory import macs_per_iteration, method_defaults  # noqa: E402
 
 CN, CQ = 2, 3  # batch N and queries Q of the hand counts
 CONV_MACS, LIN_MACS = 1296, 288
@@ -406,8 +407,6 @@ def test_pmt_d_w_excludes_the_bias_as_the_trainer_does():
 def test_layer_memory_hand_counts(conv_profile):
     """Per-layer bytes of the hand-counted conv model (N=2, int8): live set, BP's saved
     input, PMT's peak and gradient buffer, and that they add up to the rules' totals."""
-    from bpfree.memory import layer_memory
-
     rows = layer_memory(conv_profile, batch_size=CN, dtype_bytes=1)
     assert [(r.name, r.type, r.d_w, r.d_a, r.mode) for r in rows] == [
         ("0", "Conv2d", 36, 144, "WP"), ("1", "ReLU", 0, 144, None),
@@ -448,7 +447,6 @@ def test_memory_cli_layers_prints_per_layer_bytes(capsys):
     for col in ("live_B", "bp_saved_B", "pmt_peak_B", "pmt_grad_B"):
         assert col in header
     total = next(line for line in out.splitlines() if line.startswith("total "))
-    from bpfree.memory import layer_memory
     from bpfree.models import get_model
 
     rows = layer_memory(get_model("mnist-mobilenet").build(), input_shape=(1, 28, 28),
@@ -660,3 +658,30 @@ def test_memory_cli_pmt_on_mobilenet(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
         assert exc.value.code == 2
+
+
+def test_method_packages_register_their_own_rules():
+    """Each method's rules live next to its code (issue 15): bpfree.memory alone knows the
+    generic rules and names the packages to import for the others; importing bpfree.pmt /
+    bpfree.qzoff / bpfree.tinyfoa adds theirs. A fresh interpreter, so nothing is imported
+    yet."""
+    import subprocess
+    import sys
+
+    code = (
+        "import bpfree.memory as m\n"
+        "print(sorted(m.registered_rules()))\n"
+        "try:\n"
+        "    m.method_defaults('pmt')\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+        "import bpfree.pmt, bpfree.qzoff, bpfree.tinyfoa\n"
+        "print(sorted(m.registered_rules()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    generic = ["bp", "inference", "zo_np_batched", "zo_np_lean", "zo_wp_batched", "zo_wp_lean"]
+    assert out[0] == str(generic)
+    assert "'pmt' is not registered" in out[1] and "bpfree.pmt" in out[1]
+    assert out[2] == str(sorted(generic + ["pmt", "pmt-sparse", "mezo", "cge", "bp-int8",
+                                           "sparse-bp", "ff", "bp-ff-compare", "tinyfoa"]))

@@ -6,15 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from bpfree.memory import (
-    FF_PRECISIONS,
-    analytic,
-    macs_per_iteration,
-    plot_scratch_vs_weights,
-    profile_model,
-    registered_rules,
-    scratch_vs_weights,
-)
+from bpfree.memory import analytic, macs_per_iteration, profile_model, registered_rules
+from bpfree.qzoff import FF_PRECISIONS, plot_scratch_vs_weights, scratch_vs_weights
 
 # Hand-counted model: Linear(64,32) -> ReLU -> Linear(32,10), batch N = 8.
 N = 8

@@ -3,7 +3,7 @@
 For each method: its memory as named parts (bytes) and its multiply-accumulates per
 iteration; ``--layers`` adds the per-layer profile (d_w, d_a, PMT's WP/NP choice, MACs) and
 per-layer bytes: the inference working set, BP's saved activation, PMT's activation peak and
-gradient buffer (:func:`bpfree.memory.layer_memory`), with their totals.
+gradient buffer (:func:`bpfree.pmt.layer_memory`), with their totals.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import sys
 
 import torch
 
-from . import tinyfoa  # noqa: F401 (registers the "tinyfoa" memory rule)
+from . import qzoff, tinyfoa  # noqa: F401 (each registers its memory rules on import)
 from .io import write_json
-from .memory.mcu import layer_memory
 from .memory.profile import profile_model
 from .memory.report import format_bytes
-from .memory.rules import (GRAD_BYTES, _resolve_trainable, analytic, cge_coordinates,
-                           macs_per_iteration, method_defaults, registered_rules)
+from .memory.rules import (GRAD_BYTES, analytic, macs_per_iteration, method_defaults,
+                           registered_rules, resolve_trainable)
 from .models import get_model, list_models
 from .pmt.mcunet_tables import tables_text
+from .pmt.memory import cge_coordinates, layer_memory
 
 
 def _positive_int(text: str) -> int:
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _layer_table(profile, trainable, batch_size: int, dtype_bytes: int) -> str:
-    """Per-layer d_w, d_a, PMT mode, MACs and bytes (:func:`bpfree.memory.layer_memory`)."""
+    """Per-layer d_w, d_a, PMT mode, MACs and bytes (:func:`bpfree.pmt.layer_memory`)."""
     rows = layer_memory(profile, batch_size=batch_size, dtype_bytes=dtype_bytes,
                         trainable=trainable, fold_bn=False)
     width = max([len("layer"), *(len(r.name or "(root)") for r in rows)])
@@ -132,7 +132,7 @@ def main(args: argparse.Namespace) -> int:
         if method == "cge" and coordinates:
             profile = base.fold_batchnorm() if fold else base
             k = cge_coordinates(profile, args.queries, coordinates,
-                                _resolve_trainable(profile, trainable))
+                                resolve_trainable(profile, trainable))
             if k < coordinates:
                 print(f"note: --coordinates {coordinates:,} is more than the {k:,} trainable "
                       f"parameters; cge perturbs each at most once per step, so K = {k:,}",
@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
     if args.layers:
         for fold in dict.fromkeys(fold for _, fold, *_ in results):
             profile = base.fold_batchnorm() if fold else base
-            selected = _resolve_trainable(profile, trainable)
+            selected = resolve_trainable(profile, trainable)
             note = " (BatchNorm folded into conv)" if fold else ""
             dtype_bytes = args.dtype_bytes or (1 if fold else 4)
             print(f"{spec.name}: layers{note}; d_w, d_a per sample; pmt = WP if d_w < d_a "

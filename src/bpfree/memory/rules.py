@@ -17,28 +17,32 @@ seeds are uint32 (4 bytes) and losses fp32 (4 bytes) whatever ``dtype_bytes`` is
 activations scale linearly with batch; the live set of a layer is its input, its output
 and the tensors held across it (a residual skip); no kernel workspaces.
 
-The int8 rules (``pmt``, ``pmt-sparse``, ``mezo``, ``cge``, ``bp-int8``, ``sparse-bp``)
-model the MCU deployment of PMT §3.4 / §4.1: BatchNorm folded into the preceding conv
-(:meth:`~bpfree.memory.profile.ModelProfile.fold_batchnorm`), weights and activations of
-``dtype_bytes`` (default 1, int8), biases int32 (:data:`BIAS_BYTES`), gradient
-accumulators fp32/int32 (:data:`GRAD_BYTES`). Each method registers its defaults
-(:func:`method_defaults`) and, where known, a compute rule: :func:`macs_per_iteration`
-gives the multiply-accumulates of one training iteration.
+Each method's own rules are registered next to its code, when its package is imported:
+the int8 MCU rules of PMT and its baselines (``pmt``, ``pmt-sparse``, ``mezo``, ``cge``,
+``bp-int8``, ``sparse-bp``) by :mod:`bpfree.pmt.memory`, QZO-FF's ``ff`` and
+``bp-ff-compare`` by :mod:`bpfree.qzoff.memory`, ``tinyfoa`` by
+:mod:`bpfree.tinyfoa.accounting`; they build on the terms of :mod:`.terms`. Each method
+registers its defaults (:func:`method_defaults`) and, where known, a compute rule:
+:func:`macs_per_iteration` gives the multiply-accumulates of one training iteration.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from .profile import LayerProfile, ModelProfile, profile_model
+from .profile import ModelProfile, profile_model
 from .report import MemoryReport
+from .terms import (BIAS_BYTES, GRAD_BYTES, LOSS_BYTES, NONLINEAR_LAYER_TYPES, SEED_BYTES,
+                    bp_macs, canonical_parts, forward_macs, inference_peak_bytes, inputs_bytes,
+                    layer_trainable_numel, np_layerwise_macs, parameters_bytes, positive_int,
+                    queries_macs, saves_input, seeds_losses_bytes, trainable_numel)
 
 __all__ = [
     "BIAS_BYTES",
@@ -49,38 +53,11 @@ __all__ = [
     "analytic",
     "macs_per_iteration",
     "method_defaults",
+    "prepare_profile",
     "register_rule",
     "registered_rules",
+    "resolve_trainable",
 ]
-
-
-#: A perturbation seed is a uint32 (the device's XORShift32 state).
-SEED_BYTES = 4
-#: A loss value is one fp32 scalar.
-LOSS_BYTES = 4
-#: A bias of the int8 graph is int32 (TinyEngine / TFLite convention).
-BIAS_BYTES = 4
-#: A gradient (or gradient accumulator) value is fp32 or int32.
-GRAD_BYTES = 4
-
-#: Parameter-free layers whose backward needs their input (or output) kept: BP keeps it.
-NONLINEAR_LAYER_TYPES: frozenset[str] = frozenset({
-    "ReLU", "ReLU6", "LeakyReLU", "PReLU", "RReLU", "ELU", "SELU", "CELU", "GELU", "SiLU",
-    "Mish", "Sigmoid", "Tanh", "Hardtanh", "Hardswish", "Hardsigmoid", "Softplus",
-    "Softsign", "Softmax", "LogSoftmax", "Softmin", "Tanhshrink", "GLU", "LogSigmoid",
-    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
-    "AdaptiveMaxPool3d",
-    # The same operations called functionally in a container's forward (profile op names).
-    "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "mish", "sigmoid",
-    "tanh", "hardtanh", "hardswish", "hardsigmoid", "softplus", "softmax", "log_softmax",
-    "max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool2d",
-})
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 Rule = Callable[..., MemoryReport]
@@ -114,7 +91,7 @@ def register_rule(name: str, fn: Rule, *, replace: bool = False, dtype_bytes: in
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if macs is not None and not callable(macs):
         raise TypeError(f"macs must be callable or None, got {type(macs).__name__}")
-    _positive_int("dtype_bytes", dtype_bytes)
+    positive_int("dtype_bytes", dtype_bytes)
     if name in _RULES and not replace:
         raise ValueError(f"name {name!r} is already registered; pass replace=True to override")
     _RULES[name] = _Method(fn, dtype_bytes, bool(fold_bn), macs)
@@ -137,59 +114,10 @@ def _entry(method: str) -> _Method:
     if method not in _RULES:
         raise ValueError(
             f"method {method!r} is not registered; registered: {', '.join(registered_rules())} "
-            "(a method's package registers its own rule when imported, e.g. bpfree.tinyfoa)"
+            "(a method's package registers its own rules when imported: bpfree.pmt, "
+            "bpfree.qzoff, bpfree.tinyfoa)"
         )
     return _RULES[method]
-
-
-# ---------------------------------------------------------------------------------------
-# Small pure helpers shared by the rules. All counts are elements unless named *_bytes.
-
-
-def _scaled(numel: int, profile_batch: int, batch_size: int) -> int:
-    """Elements at batch ``batch_size`` for a count measured at ``profile_batch`` (ceil)."""
-    return -(-numel * batch_size // profile_batch)
-
-
-def _parameters_bytes(profile: ModelProfile, dtype_bytes: int) -> int:
-    return profile.num_parameters * dtype_bytes
-
-
-def _inference_peak_bytes(profile: ModelProfile, batch_size: int, dtype_bytes: int) -> int:
-    return _scaled(profile.inference_peak_numel, profile.batch_size, batch_size) * dtype_bytes
-
-
-def _trainable_numel(profile: ModelProfile, trainable: frozenset[str]) -> int:
-    return sum(n for name, n in profile.parameter_numel.items() if name in trainable)
-
-
-def _layer_trainable_numel(layer: LayerProfile, trainable: frozenset[str]) -> int:
-    return sum(n for name, n in layer.parameter_numel.items() if name in trainable)
-
-
-def _saves_input(layer: LayerProfile) -> bool:
-    # Parametrized layers need a^(i) for dW = dz · a^T (PMT Eq. 3); nonlinear ones need
-    # z^(i) for h'(z). Views and Dropout-at-eval keep nothing worth counting.
-    return bool(layer.parameter_numel) or layer.type in NONLINEAR_LAYER_TYPES
-
-
-def _inputs_bytes(layers: Iterable[LayerProfile], profile: ModelProfile, batch_size: int,
-                  dtype_bytes: int) -> int:
-    numel = sum(layer.input_numel for layer in layers)
-    return _scaled(numel, profile.batch_size, batch_size) * dtype_bytes
-
-
-def _seeds_losses_bytes(num_seeds: int, num_losses: int) -> int:
-    return num_seeds * SEED_BYTES + num_losses * LOSS_BYTES
-
-
-def _parts(**parts: int) -> dict[str, int]:
-    # Every built-in rule reports all canonical parts so stacked figures line up.
-    base = dict.fromkeys(
-        ("parameters", "trainable_copy", "activations", "gradient_buffers", "optimizer_state",
-         "seeds_losses"), 0)
-    base.update(parts)
-    return base
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,9 +132,9 @@ def inference_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
     N samples (here the max over layers of (input + output) elements) plus the weights,
     which an MCU keeps in flash/SRAM for all layers (we count all of them).
     """
-    return MemoryReport("inference", _parts(
-        parameters=_parameters_bytes(profile, dtype_bytes),
-        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+    return MemoryReport("inference", canonical_parts(
+        parameters=parameters_bytes(profile, dtype_bytes),
+        activations=inference_peak_bytes(profile, batch_size, dtype_bytes),
     ))
 
 
@@ -230,12 +158,12 @@ def bp_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_b
     if isinstance(optimizer_states, bool) or not isinstance(optimizer_states, int) \
             or optimizer_states < 0:
         raise ValueError(f"optimizer_states must be an int >= 0, got {optimizer_states!r}")
-    n_train = _trainable_numel(profile, trainable)
-    kept = [layer for layer in profile.layers if _saves_input(layer)]
-    return MemoryReport("bp", _parts(
-        parameters=_parameters_bytes(profile, dtype_bytes),
-        activations=_inputs_bytes(kept, profile, batch_size, dtype_bytes),
-        activation_gradients=_inference_peak_bytes(profile, batch_size, dtype_bytes),
+    n_train = trainable_numel(profile, trainable)
+    kept = [layer for layer in profile.layers if saves_input(layer)]
+    return MemoryReport("bp", canonical_parts(
+        parameters=parameters_bytes(profile, dtype_bytes),
+        activations=inputs_bytes(kept, profile, batch_size, dtype_bytes),
+        activation_gradients=inference_peak_bytes(profile, batch_size, dtype_bytes),
         gradient_buffers=n_train * dtype_bytes,
         optimizer_state=optimizer_states * n_train * dtype_bytes,
     ))
@@ -252,10 +180,10 @@ def zo_wp_lean_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
     PMT's L·Q counts one seed per layer and query for layer-wise WP; this is model-wise.
     """
     q = num_queries
-    return MemoryReport("zo_wp_lean", _parts(
-        parameters=_parameters_bytes(profile, dtype_bytes),
-        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
-        seeds_losses=_seeds_losses_bytes(q, q + 1),
+    return MemoryReport("zo_wp_lean", canonical_parts(
+        parameters=parameters_bytes(profile, dtype_bytes),
+        activations=inference_peak_bytes(profile, batch_size, dtype_bytes),
+        seeds_losses=seeds_losses_bytes(q, q + 1),
     ))
 
 
@@ -270,11 +198,11 @@ def zo_wp_batched_rule(profile: ModelProfile, *, batch_size: int, num_queries: i
     The clean forward is assumed to run separately, not stacked with the Q queries.
     """
     q = num_queries
-    return MemoryReport("zo_wp_batched", _parts(
-        parameters=_parameters_bytes(profile, dtype_bytes),
-        trainable_copy=q * _trainable_numel(profile, trainable) * dtype_bytes,
-        activations=_inference_peak_bytes(profile, q * batch_size, dtype_bytes),
-        seeds_losses=_seeds_losses_bytes(q, q + 1),
+    return MemoryReport("zo_wp_batched", canonical_parts(
+        parameters=parameters_bytes(profile, dtype_bytes),
+        trainable_copy=q * trainable_numel(profile, trainable) * dtype_bytes,
+        activations=inference_peak_bytes(profile, q * batch_size, dtype_bytes),
+        seeds_losses=seeds_losses_bytes(q, q + 1),
     ))
 
 
@@ -290,13 +218,13 @@ def zo_np_lean_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
     losses: sample-wise, N·(Q+1).
     """
     n, q = batch_size, num_queries
-    largest = max((_layer_trainable_numel(layer, trainable) for layer in profile.layers),
+    largest = max((layer_trainable_numel(layer, trainable) for layer in profile.layers),
                   default=0)
-    return MemoryReport("zo_np_lean", _parts(
-        parameters=_parameters_bytes(profile, dtype_bytes),
-        activations=_inference_peak_bytes(profile, n, dtype_bytes),
+    return MemoryReport("zo_np_lean", canonical_parts(
+        parameters=parameters_bytes(profile, dtype_bytes),
+        activations=inference_peak_bytes(profile, n, dtype_bytes),
         gradient_buffers=largest * dtype_bytes,
-        seeds_losses=_seeds_losses_bytes(n * q, n * (q + 1)),
+        seeds_losses=seeds_losses_bytes(n * q, n * (q + 1)),
     ))
 
 
@@ -312,110 +240,22 @@ def zo_np_batched_rule(profile: ModelProfile, *, batch_size: int, num_queries: i
     """
     n, q = batch_size, num_queries
     trained_layers = [layer for layer in profile.layers
-                      if _layer_trainable_numel(layer, trainable)]
-    stacked = _inference_peak_bytes(profile, q * n, dtype_bytes)
-    return MemoryReport("zo_np_batched", _parts(
-        parameters=_parameters_bytes(profile, dtype_bytes),
-        activations=stacked + _inputs_bytes(trained_layers, profile, n, dtype_bytes),
-        gradient_buffers=_trainable_numel(profile, trainable) * dtype_bytes,
-        seeds_losses=_seeds_losses_bytes(n * q, n * (q + 1)),
+                      if layer_trainable_numel(layer, trainable)]
+    stacked = inference_peak_bytes(profile, q * n, dtype_bytes)
+    return MemoryReport("zo_np_batched", canonical_parts(
+        parameters=parameters_bytes(profile, dtype_bytes),
+        activations=stacked + inputs_bytes(trained_layers, profile, n, dtype_bytes),
+        gradient_buffers=trainable_numel(profile, trainable) * dtype_bytes,
+        seeds_losses=seeds_losses_bytes(n * q, n * (q + 1)),
     ))
 
 
-def _layer_trainable_weight_numel(layer: LayerProfile, trainable: frozenset[str]) -> int:
-    return sum(n for name, n in layer.parameter_numel.items()
-               if name in trainable and not name.endswith("bias"))
-
-
-def _trainable_layer_indices(profile: ModelProfile, trainable: frozenset[str]) -> list[int]:
-    return [i for i, layer in enumerate(profile.layers)
-            if _layer_trainable_numel(layer, trainable)]
-
-
-def _live(profile: ModelProfile, batch_size: int) -> list[int]:
-    """Per layer, elements live while it runs (input + output + held) for ``batch_size``."""
-    return [_scaled(layer.live_numel, profile.batch_size, batch_size) for layer in profile.layers]
-
-
-# ---------------------------------------------------------------------------------------
-# Compute rules: multiply-accumulates of one training iteration (N samples, Q queries).
-
-
-def _macs_layers(profile: ModelProfile) -> list[int]:
-    return [layer.macs for layer in profile.layers]
-
-
-def _forward_macs(profile: ModelProfile, *, batch_size: int, **_: Any) -> int:
-    return batch_size * profile.macs
-
-
-def _queries_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
-                  **_: Any) -> int:
-    # Model-wise estimators: one clean forward and Q perturbed ones.
-    return (num_queries + 1) * batch_size * profile.macs
-
-
-def cge_coordinates(profile: ModelProfile, num_queries: int, coordinates: int | None,
-                    trainable: frozenset[str]) -> int:
-    """Coordinates CGE perturbs per step: ``coordinates`` (default ``num_queries``), capped
-    at d, the trainable parameter count, as :func:`bpfree.estimators.cge` caps it."""
-    k = num_queries if coordinates is None else _positive_int("coordinates", coordinates)
-    return min(k, _trainable_numel(profile, trainable))
-
-
-def _coordinates_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
-                      trainable: frozenset[str], coordinates: int | None = None,
-                      **_: Any) -> int:
-    k = cge_coordinates(profile, num_queries, coordinates, trainable)
-    return (k + 1) * batch_size * profile.macs
-
-
-def _layerwise_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
-                    trainable: frozenset[str], mode: Callable[[LayerProfile], str]) -> int:
-    """Algorithm 1: clean forward (line 4) + the layer-by-layer forward up to the last
-    trainable layer (line 6) + per trainable layer i, Q·N perturbed partial forwards
-    (WP: layers i.., line 10; NP: layers i+1.., line 23) and the recompute of layer i
-    (line 34)."""
-    n, q = batch_size, num_queries
-    macs = _macs_layers(profile)
-    total = n * sum(macs)
-    indices = _trainable_layer_indices(profile, trainable)
-    if not indices:
-        return total
-    total += n * sum(macs[:indices[-1] + 1])
-    for i in indices:
-        start = i if mode(profile.layers[i]) == "WP" else i + 1
-        total += q * n * sum(macs[start:]) + n * macs[i]
-    return total
-
-
-def _np_layerwise_macs(profile: ModelProfile, **kw: Any) -> int:
-    kw.pop("coordinates", None)
-    return _layerwise_macs(profile, mode=lambda layer: "NP", **kw)
-
-
-def _bp_macs(profile: ModelProfile, *, batch_size: int, trainable: frozenset[str],
-             **_: Any) -> int:
-    """Forward + backward ≈ 3·N·MACs: the backward computes ∇a through every layer after
-    the first trainable one f (one layer's MACs each) and ∇W of every layer whose weight
-    trains (its MACs again); a frozen prefix costs forward only (sparse-bp)."""
-    macs = _macs_layers(profile)
-    indices = _trainable_layer_indices(profile, trainable)
-    total = sum(macs)
-    if indices:
-        f = indices[0]
-        total += sum(macs[f + 1:])
-        total += sum(m for layer, m in zip(profile.layers, macs)
-                     if _layer_trainable_weight_numel(layer, trainable))
-    return batch_size * total
-
-
-register_rule("inference", inference_rule, macs=_forward_macs)
-register_rule("bp", bp_rule, macs=_bp_macs)
-register_rule("zo_wp_lean", zo_wp_lean_rule, macs=_queries_macs)
-register_rule("zo_wp_batched", zo_wp_batched_rule, macs=_queries_macs)
-register_rule("zo_np_lean", zo_np_lean_rule, macs=_np_layerwise_macs)
-register_rule("zo_np_batched", zo_np_batched_rule, macs=_queries_macs)
+register_rule("inference", inference_rule, macs=forward_macs)
+register_rule("bp", bp_rule, macs=bp_macs)
+register_rule("zo_wp_lean", zo_wp_lean_rule, macs=queries_macs)
+register_rule("zo_wp_batched", zo_wp_batched_rule, macs=queries_macs)
+register_rule("zo_np_lean", zo_np_lean_rule, macs=np_layerwise_macs)
+register_rule("zo_np_batched", zo_np_batched_rule, macs=queries_macs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -430,7 +270,7 @@ def _module_prefixes(name: str) -> list[str]:
     return [".".join(parts[:k]) for k in range(1, len(parts))]
 
 
-def _resolve_trainable(profile: ModelProfile, trainable: Any) -> frozenset[str]:
+def resolve_trainable(profile: ModelProfile, trainable: Any) -> frozenset[str]:
     """Parameter names that train: all (None), a predicate on the name, or names/prefixes.
 
     A name selects the parameter of that name or every parameter under that module prefix
@@ -490,8 +330,11 @@ def _profile_for(model: Any, input_shape: Any, example_input: Any) -> ModelProfi
     return profile_model(model, example_input)
 
 
-def _prepare(model: Any, method: str, input_shape: Any, example_input: Any, fold_bn: Any,
-             trainable: Any) -> tuple[_Method, ModelProfile, frozenset[str]]:
+def prepare_profile(model: Any, method: str, input_shape: Any, example_input: Any,
+                    fold_bn: Any, trainable: Any) -> tuple[_Method, ModelProfile, frozenset[str]]:
+    """``(method entry, profile, trainable names)`` as :func:`analytic` sees them: ``model``
+    profiled (or a given profile), BatchNorm folded per ``fold_bn`` (None: the method's
+    default) and ``trainable`` resolved (:func:`resolve_trainable`)."""
     entry = _entry(method)
     profile = _profile_for(model, input_shape, example_input)
     if fold_bn is None:
@@ -501,7 +344,7 @@ def _prepare(model: Any, method: str, input_shape: Any, example_input: Any, fold
                          f"got {fold_bn!r}")
     if fold_bn:
         profile = profile.fold_batchnorm()
-    return entry, profile, _resolve_trainable(profile, trainable)
+    return entry, profile, resolve_trainable(profile, trainable)
 
 
 def analytic(model: nn.Module | ModelProfile, method: str, *, input_shape: Any = None,
@@ -520,15 +363,15 @@ def analytic(model: nn.Module | ModelProfile, method: str, *, input_shape: Any =
     bias is ``"<conv>.bias"``). Extra ``options`` go to the rule (e.g. ``momentum=True``
     for ``"bp"``, ``coordinates=K`` for ``"cge"``).
     """
-    entry, profile, trainable_set = _prepare(model, method, input_shape, example_input,
-                                             fold_bn, trainable)
+    entry, profile, trainable_set = prepare_profile(model, method, input_shape, example_input,
+                                                    fold_bn, trainable)
     rule = entry.rule
-    n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+    n = profile.batch_size if batch_size is None else positive_int("batch_size", batch_size)
     kwargs = dict(
         batch_size=n,
-        num_queries=_positive_int("num_queries", num_queries),
-        dtype_bytes=_positive_int("dtype_bytes",
-                                  entry.dtype_bytes if dtype_bytes is None else dtype_bytes),
+        num_queries=positive_int("num_queries", num_queries),
+        dtype_bytes=positive_int("dtype_bytes",
+                                 entry.dtype_bytes if dtype_bytes is None else dtype_bytes),
         trainable=trainable_set,
         **options,
     )
@@ -568,14 +411,14 @@ def macs_per_iteration(model: nn.Module | ModelProfile, method: str,
     ``trainable``, ``fold_bn``, ``input_shape`` and ``example_input`` are as in
     :func:`analytic`.
     """
-    entry, profile, trainable_set = _prepare(model, method, input_shape, example_input,
-                                             fold_bn, trainable)
+    entry, profile, trainable_set = prepare_profile(model, method, input_shape, example_input,
+                                                    fold_bn, trainable)
     if entry.macs is None:
         known = ", ".join(name for name in registered_rules() if _RULES[name].macs is not None)
         raise ValueError(f"method {method!r} has no MACs rule; methods with one: {known}")
-    n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+    n = profile.batch_size if batch_size is None else positive_int("batch_size", batch_size)
     return int(entry.macs(
-        profile, batch_size=n, num_queries=_positive_int("num_queries", num_queries),
+        profile, batch_size=n, num_queries=positive_int("num_queries", num_queries),
         trainable=trainable_set,
-        coordinates=None if coordinates is None else _positive_int("coordinates", coordinates),
+        coordinates=None if coordinates is None else positive_int("coordinates", coordinates),
     ))

@@ -7,12 +7,17 @@
 * :mod:`.baselines`: MeZO, DeepZero CGE, FullTrain BP FP32 / INT8 (STE, QAS), sparse BP.
 * :mod:`.sparse`: §3.3 block split and BP-free block selection.
 * :mod:`.diagnostic`: Fig. 4/5/8 cosine of ZO estimates with BP gradients.
+* :mod:`.memory`: PMT's int8 MCU memory and compute rules and those of its baselines
+  (``pmt``, ``pmt-sparse``, ``mezo``, ``cge``, ``bp-int8``, ``sparse-bp``; registered with
+  :func:`bpfree.memory.register_rule` on import), :func:`pmt_modes` (WP / NP per layer) and
+  :func:`layer_memory` (the per-layer terms).
 * :mod:`.harness`: :func:`fit`, :func:`accuracy`, the cosine schedule shared with baselines.
 """
 
 from .baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from .estimate import LayerEstimate, estimate_group, node_to_parameter_gradients, requant_scale
 from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss
+from .memory import LayerMemory, layer_memory, pmt_modes
 from ..harness import History, accuracy, cosine_lr, fit
 from .trainer import PERTURBATIONS, PMTConfig, PMTTrainer
 from ..transforms.scaling import gradient_norm_factor
@@ -27,6 +32,7 @@ __all__ = [
     "PERTURBATIONS",
     "History",
     "LayerEstimate",
+    "LayerMemory",
     "PMTConfig",
     "PMTTrainer",
     "StagedModel",
@@ -38,8 +44,10 @@ __all__ = [
     "find_layers",
     "fit",
     "gradient_norm_factor",
+    "layer_memory",
     "node_to_parameter_gradients",
     "per_sample_loss",
+    "pmt_modes",
     "quantization_aware_scales",
     "requant_scale",
 ]

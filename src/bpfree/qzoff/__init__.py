@@ -13,6 +13,9 @@
   expected.
 * :mod:`.integer`: :class:`IntegerQZOFF`, Algorithm 1 on an int8 model's own codes and scales
   (a loaded ``.tflite``; ``bpfree adapt --method qzo-ff``).
+* :mod:`.memory`: App. B memory rules ``ff`` and ``bp-ff-compare`` (registered with
+  :func:`bpfree.memory.register_rule` on import); :mod:`.scratch`: Figures 3 / 4, scratch vs
+  weight memory (:func:`scratch_vs_weights`, :func:`plot_scratch_vs_weights`).
 """
 
 from .alignment import estimate_alignment, expected_alignment
@@ -29,14 +32,22 @@ from .fixed_point import (
     update_multiplier,
 )
 from .integer import IntegerQZOFF
+from .memory import FF_PRECISIONS, SIGN_BYTES, SPARSE_MASKS
 from .model import ActivationQuantizer, QuantizedParams, select_parameters
 from .optim import FloatOptimizer, make_optimizer
 from .sampling import MomentumSampling, quantize_perturbation
+from .scratch import (FF_METHODS, FF_MODES, attention_heads, default_head,
+                      plot_scratch_vs_weights, scratch_vs_weights)
 from .sparsity import make_mask, random_mask, threshold_mask, topk_magnitude_mask
 from .trainer import QZOFF, QZOFFConfig, QZOFFEstimate
 
 __all__ = [
+    "FF_METHODS",
+    "FF_MODES",
+    "FF_PRECISIONS",
     "PRECISIONS",
+    "SIGN_BYTES",
+    "SPARSE_MASKS",
     "QZOFF",
     "ActivationQuantizer",
     "EpsilonUnderflowWarning",
@@ -47,6 +58,8 @@ __all__ = [
     "QZOFFEstimate",
     "QuantizedParams",
     "accumulate_gradient",
+    "attention_heads",
+    "default_head",
     "displaced_weights",
     "estimate_alignment",
     "expected_alignment",
@@ -54,6 +67,7 @@ __all__ = [
     "make_mask",
     "make_optimizer",
     "perturbation_multiplier",
+    "plot_scratch_vs_weights",
     "perturbed_weights",
     "precision_bits",
     "quantize_epsilon",
@@ -61,6 +75,7 @@ __all__ = [
     "quantize_weights",
     "quantized_update",
     "random_mask",
+    "scratch_vs_weights",
     "select_parameters",
     "threshold_mask",
     "topk_magnitude_mask",

@@ -9,23 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .profile import LayerProfile, ModelProfile
-from .report import MemoryReport
-from .rules import (
-    LOSS_BYTES,
-    NONLINEAR_LAYER_TYPES,
-    SEED_BYTES,
-    register_rule,
-    _bp_macs,
-    _layer_trainable_numel,
-    _layer_trainable_weight_numel,
-    _parts,
-    _scaled,
-    _trainable_numel,
-)
+from ..memory.profile import LayerProfile, ModelProfile
+from ..memory.report import MemoryReport
+from ..memory.rules import register_rule
+from ..memory.terms import (LOSS_BYTES, NONLINEAR_LAYER_TYPES, SEED_BYTES, bp_macs,
+                            canonical_parts, layer_trainable_numel, layer_trainable_weight_numel,
+                            scaled, trainable_numel)
 
 __all__ = ["FF_PRECISIONS", "SIGN_BYTES", "SPARSE_MASKS", "bp_ff_compare_rule", "ff_rule"]
-
 
 
 #: Bytes per (weight, activation, gradient / perturbation) value of each QZO-FF precision:
@@ -222,13 +213,13 @@ def _bp_saved(profile: ModelProfile, trainable: frozenset[str], first: int,
         if j < first:
             saved.append(0)
             continue
-        keeps = (_layer_trainable_weight_numel(layer, trainable) or j in owns_trainable
+        keeps = (layer_trainable_weight_numel(layer, trainable) or j in owns_trainable
                  or layer.type in NONLINEAR_LAYER_TYPES or layer.type in _NORM_TYPES
                  or layer.type in _PRODUCT_OPS
                  or (layer.type in _ELEMENTWISE_PRODUCTS and len(layer.input_shapes) >= 2))
         numel = 0
         if keeps:
-            output = layer.type in _SAVES_OUTPUT and not _layer_trainable_numel(layer, trainable)
+            output = layer.type in _SAVES_OUTPUT and not layer_trainable_numel(layer, trainable)
             ids = layer.output_ids if output else layer.input_ids
             if ids and profile.buffer_numel:
                 new = [t for t in dict.fromkeys(ids) if t not in stored]
@@ -272,12 +263,12 @@ def ff_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_b
     sparsity = _check_sparsity(sparsity)
     mask = _check_mask(mask)
     m = num_queries
-    n_train = _trainable_numel(profile, trainable)
+    n_train = trainable_numel(profile, trainable)
     largest = max(_unit_trainable(profile, trainable).values(), default=0)
     live = _ff_live(profile, attention_heads)
-    return MemoryReport("ff", _parts(
+    return MemoryReport("ff", canonical_parts(
         parameters=profile.num_parameters * w_bytes,
-        activations=_scaled(max(live, default=0), profile.batch_size, batch_size) * a_bytes,
+        activations=scaled(max(live, default=0), profile.batch_size, batch_size) * a_bytes,
         perturbation=_kept(largest, sparsity) * g_bytes,
         gradient_buffers=_kept(n_train, sparsity) * g_bytes,
         sparse_mask=_mask_bytes(n_train, sparsity, mask),
@@ -310,29 +301,29 @@ def bp_ff_compare_rule(profile: ModelProfile, *, batch_size: int, num_queries: i
     w_bytes, a_bytes, g_bytes = _ff_precision(precision, dtype_bytes)
     sparsity = _check_sparsity(sparsity)
     mask = _check_mask(mask)
-    n_train = _trainable_numel(profile, trainable)
+    n_train = trainable_numel(profile, trainable)
     owners = _parameter_owners(profile)
     trained = sorted({owners[name] for name in trainable if name in owners})
     live = _ff_live(profile, attention_heads)
 
-    def scaled(numel: int) -> int:
-        return _scaled(numel, profile.batch_size, batch_size)
+    def at_batch(numel: int) -> int:
+        return scaled(numel, profile.batch_size, batch_size)
 
-    forward_peak = max((scaled(x) * a_bytes for x in live), default=0)
+    forward_peak = max((at_batch(x) * a_bytes for x in live), default=0)
     if not trained:
         stored, peak = 0, forward_peak
     else:
         saved, overlap = _bp_saved(profile, trainable, trained[0], attention_heads)
         prefix = [0]
         for x in saved:
-            prefix.append(prefix[-1] + scaled(x))
+            prefix.append(prefix[-1] + at_batch(x))
         stored = prefix[-1] * a_bytes
-        forward = max((prefix[j] + scaled(live[j]) - scaled(overlap[j])) * a_bytes
+        forward = max((prefix[j] + at_batch(live[j]) - at_batch(overlap[j])) * a_bytes
                       for j in range(len(live)))
-        backward = max(prefix[j + 1] * a_bytes + scaled(live[j]) * g_bytes
+        backward = max(prefix[j + 1] * a_bytes + at_batch(live[j]) * g_bytes
                        for j in range(trained[0], len(live)))
         peak = max(forward, backward)
-    return MemoryReport("bp-ff-compare", _parts(
+    return MemoryReport("bp-ff-compare", canonical_parts(
         parameters=profile.num_parameters * w_bytes,
         activations=stored,
         activation_buffers=peak - stored,
@@ -347,4 +338,4 @@ def _ff_macs(profile: ModelProfile, *, batch_size: int, num_queries: int, **_: A
 
 
 register_rule("ff", ff_rule, dtype_bytes=2, macs=_ff_macs)
-register_rule("bp-ff-compare", bp_ff_compare_rule, dtype_bytes=2, macs=_bp_macs)
+register_rule("bp-ff-compare", bp_ff_compare_rule, dtype_bytes=2, macs=bp_macs)

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..memory.profile import ModelProfile, profile_model
+from ..memory.rules import analytic
 from ..models import get_model
 from ..plotting import pyplot, save_figure
-from .ff import FF_PRECISIONS, SPARSE_MASKS, _parameter_owners
-from .profile import ModelProfile, profile_model
-from .rules import analytic
+from .memory import FF_PRECISIONS, SPARSE_MASKS, _parameter_owners
 
 __all__ = ["FF_METHODS", "FF_MODES", "attention_heads", "default_head", "plot_scratch_vs_weights",
            "scratch_vs_weights"]

@@ -2,9 +2,10 @@
 
 Registered with :func:`~bpfree.memory.rules.register_rule` on import (``pmt``, ``pmt-sparse``,
 ``mezo``, ``cge``, ``bp-int8``, ``sparse-bp``), with :func:`pmt_modes` (PMT's WP / NP choice per
-layer) and :func:`layer_memory` (the per-layer terms behind the totals). The conventions are
-those of :mod:`.rules`: BatchNorm folded, weights int8, biases int32, gradient accumulators
-fp32 / int32.
+layer), :func:`layer_memory` (the per-layer terms behind the totals) and
+:func:`cge_coordinates` (the coordinates CGE perturbs per step). The conventions are those of
+:mod:`bpfree.memory.rules`: BatchNorm folded, weights int8, biases int32, gradient
+accumulators fp32 / int32.
 """
 
 from __future__ import annotations
@@ -14,35 +15,16 @@ from typing import Any
 
 from torch import nn
 
-from .profile import LayerProfile, ModelProfile
-from .report import MemoryReport
-from .rules import (
-    BIAS_BYTES,
-    GRAD_BYTES,
-    NONLINEAR_LAYER_TYPES,
-    register_rule,
-    _bp_macs,
-    _coordinates_macs,
-    cge_coordinates,
-    _inference_peak_bytes,
-    _inputs_bytes,
-    _layer_trainable_numel,
-    _layer_trainable_weight_numel,
-    _layerwise_macs,
-    _live,
-    _parts,
-    _positive_int,
-    _prepare,
-    _queries_macs,
-    _saves_input,
-    _scaled,
-    _seeds_losses_bytes,
-    _trainable_layer_indices,
-    _trainable_numel,
-)
+from ..memory.profile import LayerProfile, ModelProfile
+from ..memory.report import MemoryReport
+from ..memory.rules import prepare_profile, register_rule
+from ..memory.terms import (BIAS_BYTES, GRAD_BYTES, NONLINEAR_LAYER_TYPES, bp_macs,
+                            canonical_parts, inference_peak_bytes, inputs_bytes,
+                            layer_trainable_numel, layer_trainable_weight_numel, layerwise_macs,
+                            live_per_layer, positive_int, queries_macs, saves_input, scaled,
+                            seeds_losses_bytes, trainable_layer_indices, trainable_numel)
 
-__all__ = ["LayerMemory", "layer_memory", "pmt_modes"]
-
+__all__ = ["LayerMemory", "cge_coordinates", "layer_memory", "pmt_modes"]
 
 
 def _quantized_parameters_bytes(profile: ModelProfile, dtype_bytes: int) -> int:
@@ -59,8 +41,8 @@ def _pmt_d_w(layer: LayerProfile, trainable: frozenset[str]) -> int:
     weights (:attr:`bpfree.pmt.graph.TrainableLayer.d_w` is ``weight.numel()``). A layer
     whose only trainable parameter is its bias counts the bias.
     """
-    return _layer_trainable_weight_numel(layer, trainable) or \
-        _layer_trainable_numel(layer, trainable)
+    return layer_trainable_weight_numel(layer, trainable) or \
+        layer_trainable_numel(layer, trainable)
 
 
 def _pmt_mode(layer: LayerProfile, trainable: frozenset[str]) -> str:
@@ -79,7 +61,7 @@ def _pmt_grad_numel(layer: LayerProfile, trainable: frozenset[str], mode: str) -
     """
     if mode == "WP":
         return _pmt_d_w(layer, trainable)
-    return _layer_trainable_numel(layer, trainable)
+    return layer_trainable_numel(layer, trainable)
 
 
 def _pmt_layer_peak(profile: ModelProfile, live: list[int], i: int, mode: str,
@@ -107,10 +89,10 @@ def _pmt_layer_peak(profile: ModelProfile, live: list[int], i: int, mode: str,
 def _pmt_common(name: str, profile: ModelProfile, *, batch_size: int, num_queries: int,
                 dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
     n, q = batch_size, num_queries
-    live = _live(profile, n)
+    live = live_per_layer(profile, n)
     inference_peak = max(live, default=0)
     peak, grad, query_losses, any_np = inference_peak, 0, 0, False
-    indices = _trainable_layer_indices(profile, trainable)
+    indices = trainable_layer_indices(profile, trainable)
     for i in indices:
         layer = profile.layers[i]
         mode = _pmt_mode(layer, trainable)
@@ -119,12 +101,12 @@ def _pmt_common(name: str, profile: ModelProfile, *, batch_size: int, num_querie
         grad = max(grad, _pmt_grad_numel(layer, trainable, mode))
         query_losses = max(query_losses, q if mode == "WP" else n * q)
     clean_losses = (n if any_np else 1) if indices else 0
-    return MemoryReport(name, _parts(
+    return MemoryReport(name, canonical_parts(
         parameters=_quantized_parameters_bytes(profile, dtype_bytes),
         activations=inference_peak * dtype_bytes,
         saved_activations=(peak - inference_peak) * dtype_bytes,
         gradient_buffers=grad * GRAD_BYTES,
-        seeds_losses=_seeds_losses_bytes(1 if indices else 0, clean_losses + query_losses),
+        seeds_losses=seeds_losses_bytes(1 if indices else 0, clean_losses + query_losses),
     ))
 
 
@@ -184,11 +166,26 @@ def mezo_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype
     place query by query with ξ regenerated from its seed.
     """
     q = num_queries
-    return MemoryReport("mezo", _parts(
+    return MemoryReport("mezo", canonical_parts(
         parameters=_quantized_parameters_bytes(profile, dtype_bytes),
-        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
-        seeds_losses=_seeds_losses_bytes(q, q + 1),
+        activations=inference_peak_bytes(profile, batch_size, dtype_bytes),
+        seeds_losses=seeds_losses_bytes(q, q + 1),
     ))
+
+
+def cge_coordinates(profile: ModelProfile, num_queries: int, coordinates: int | None,
+                    trainable: frozenset[str]) -> int:
+    """Coordinates CGE perturbs per step: ``coordinates`` (default ``num_queries``), capped
+    at d, the trainable parameter count, as :func:`bpfree.estimators.cge` caps it."""
+    k = num_queries if coordinates is None else positive_int("coordinates", coordinates)
+    return min(k, trainable_numel(profile, trainable))
+
+
+def coordinates_macs(profile: ModelProfile, *, batch_size: int, num_queries: int,
+                     trainable: frozenset[str], coordinates: int | None = None,
+                     **_: Any) -> int:
+    k = cge_coordinates(profile, num_queries, coordinates, trainable)
+    return (k + 1) * batch_size * profile.macs
 
 
 def cge_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,
@@ -200,10 +197,10 @@ def cge_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_
     from one uint32 sampler seed. Memory = parameters + inference working set + that.
     """
     k = cge_coordinates(profile, num_queries, coordinates, trainable)
-    return MemoryReport("cge", _parts(
+    return MemoryReport("cge", canonical_parts(
         parameters=_quantized_parameters_bytes(profile, dtype_bytes),
-        activations=_inference_peak_bytes(profile, batch_size, dtype_bytes),
-        seeds_losses=_seeds_losses_bytes(1, k + 1),
+        activations=inference_peak_bytes(profile, batch_size, dtype_bytes),
+        seeds_losses=seeds_losses_bytes(1, k + 1),
     ))
 
 
@@ -219,13 +216,13 @@ def bp_int8_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
       skips — the inference peak's element count at :data:`GRAD_BYTES`;
     - gradient_buffers: fp32 ∇θ of every trainable parameter. No optimizer state (SGD).
     """
-    kept = [layer for layer in profile.layers if _saves_input(layer)]
-    return MemoryReport("bp-int8", _parts(
+    kept = [layer for layer in profile.layers if saves_input(layer)]
+    return MemoryReport("bp-int8", canonical_parts(
         parameters=_quantized_parameters_bytes(profile, dtype_bytes),
-        activations=_inputs_bytes(kept, profile, batch_size, dtype_bytes),
-        activation_gradients=_scaled(profile.inference_peak_numel, profile.batch_size,
-                                     batch_size) * GRAD_BYTES,
-        gradient_buffers=_trainable_numel(profile, trainable) * GRAD_BYTES,
+        activations=inputs_bytes(kept, profile, batch_size, dtype_bytes),
+        activation_gradients=scaled(profile.inference_peak_numel, profile.batch_size,
+                                    batch_size) * GRAD_BYTES,
+        gradient_buffers=trainable_numel(profile, trainable) * GRAD_BYTES,
     ))
 
 
@@ -241,17 +238,17 @@ def sparse_bp_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
     - activation_gradients: fp32, max over layers from f on of their live elements;
     - gradient_buffers: fp32 ∇θ of the trainable parameters only.
     """
-    indices = _trainable_layer_indices(profile, trainable)
-    parts = _parts(parameters=_quantized_parameters_bytes(profile, dtype_bytes))
+    indices = trainable_layer_indices(profile, trainable)
+    parts = canonical_parts(parameters=_quantized_parameters_bytes(profile, dtype_bytes))
     if indices:
         f = indices[0]
         kept = [layer for j, layer in enumerate(profile.layers) if j >= f and (
-            _layer_trainable_weight_numel(layer, trainable)
+            layer_trainable_weight_numel(layer, trainable)
             or (j > f and layer.type in NONLINEAR_LAYER_TYPES))]
         parts.update(
-            activations=_inputs_bytes(kept, profile, batch_size, dtype_bytes),
-            activation_gradients=max(_live(profile, batch_size)[f:]) * GRAD_BYTES,
-            gradient_buffers=_trainable_numel(profile, trainable) * GRAD_BYTES,
+            activations=inputs_bytes(kept, profile, batch_size, dtype_bytes),
+            activation_gradients=max(live_per_layer(profile, batch_size)[f:]) * GRAD_BYTES,
+            gradient_buffers=trainable_numel(profile, trainable) * GRAD_BYTES,
         )
     else:
         parts["activation_gradients"] = 0
@@ -260,16 +257,16 @@ def sparse_bp_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
 
 def _pmt_macs(profile: ModelProfile, *, trainable: frozenset[str], **kw: Any) -> int:
     kw.pop("coordinates", None)
-    return _layerwise_macs(profile, trainable=trainable,
-                           mode=lambda layer: _pmt_mode(layer, trainable), **kw)
+    return layerwise_macs(profile, trainable=trainable,
+                          mode=lambda layer: _pmt_mode(layer, trainable), **kw)
 
 
 register_rule("pmt", pmt_rule, dtype_bytes=1, fold_bn=True, macs=_pmt_macs)
 register_rule("pmt-sparse", pmt_sparse_rule, dtype_bytes=1, fold_bn=True, macs=_pmt_macs)
-register_rule("mezo", mezo_rule, dtype_bytes=1, fold_bn=True, macs=_queries_macs)
-register_rule("cge", cge_rule, dtype_bytes=1, fold_bn=True, macs=_coordinates_macs)
-register_rule("bp-int8", bp_int8_rule, dtype_bytes=1, fold_bn=True, macs=_bp_macs)
-register_rule("sparse-bp", sparse_bp_rule, dtype_bytes=1, fold_bn=True, macs=_bp_macs)
+register_rule("mezo", mezo_rule, dtype_bytes=1, fold_bn=True, macs=queries_macs)
+register_rule("cge", cge_rule, dtype_bytes=1, fold_bn=True, macs=coordinates_macs)
+register_rule("bp-int8", bp_int8_rule, dtype_bytes=1, fold_bn=True, macs=bp_macs)
+register_rule("sparse-bp", sparse_bp_rule, dtype_bytes=1, fold_bn=True, macs=bp_macs)
 
 
 def pmt_modes(model: nn.Module | ModelProfile, trainable: Any = None, *,
@@ -280,10 +277,10 @@ def pmt_modes(model: nn.Module | ModelProfile, trainable: Any = None, *,
     d_w the layer's trainable weights (bias excluded, as PMT and :class:`bpfree.pmt.PMTTrainer`
     define it) and d_a its output values per sample. BatchNorm is folded first unless
     ``fold_bn=False``."""
-    _, profile, trainable_set = _prepare(model, "pmt", input_shape, example_input, fold_bn,
-                                         trainable)
+    _, profile, trainable_set = prepare_profile(model, "pmt", input_shape, example_input,
+                                                fold_bn, trainable)
     return {profile.layers[i].name: _pmt_mode(profile.layers[i], trainable_set)
-            for i in _trainable_layer_indices(profile, trainable_set)}
+            for i in trainable_layer_indices(profile, trainable_set)}
 
 
 @dataclass(frozen=True)
@@ -329,16 +326,16 @@ def layer_memory(model: nn.Module | ModelProfile, *, batch_size: int | None = No
     ``model``, ``input_shape``, ``example_input`` and ``trainable`` as in :func:`analytic`;
     BatchNorm is folded first unless ``fold_bn=False`` (the int8 graph PMT trains).
     """
-    _, profile, trainable_set = _prepare(model, "pmt", input_shape, example_input, fold_bn,
-                                         trainable)
-    n = profile.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
-    dtype_bytes = _positive_int("dtype_bytes", dtype_bytes)
-    live = _live(profile, n)
+    _, profile, trainable_set = prepare_profile(model, "pmt", input_shape, example_input,
+                                                fold_bn, trainable)
+    n = profile.batch_size if batch_size is None else positive_int("batch_size", batch_size)
+    dtype_bytes = positive_int("dtype_bytes", dtype_bytes)
+    live = live_per_layer(profile, n)
     out = []
     for i, layer in enumerate(profile.layers):
-        trains = bool(_layer_trainable_numel(layer, trainable_set))
+        trains = bool(layer_trainable_numel(layer, trainable_set))
         mode = _pmt_mode(layer, trainable_set) if trains else None
-        saved = _inputs_bytes([layer], profile, n, dtype_bytes) if _saves_input(layer) else 0
+        saved = inputs_bytes([layer], profile, n, dtype_bytes) if saves_input(layer) else 0
         out.append(LayerMemory(
             name=layer.name, type=layer.type, d_w=layer.weight_numel, d_a=layer.d_a, mode=mode,
             live_bytes=live[i] * dtype_bytes, bp_saved_bytes=saved,
