@@ -284,6 +284,48 @@ def converter_style_file(seed: int = 0) -> bytes:
     return _serialize(g, x, y)
 
 
+def depthwise_file(padding: str, size: int = 8, channels: int = 4, seed: int = 0) -> bytes:
+    """A DEPTHWISE_CONV_2D as the converter writes it for MobileNet's downsampling: depth
+    multiplier 1, stride 2, 3x3, per-channel scales on axis 3, fused RELU6, with ``padding``
+    "SAME" (asymmetric on an even ``size``: nothing before, one row and column after) or
+    "VALID"."""
+    from bpfree.tflite.writer import _options
+
+    rng = np.random.default_rng(seed)
+    T, O, B = tflite.TensorType, tflite.BuiltinOperator, tflite.BuiltinOptions
+    g = _Graph()
+    q_in, q_out = TensorQuant(0.03, -7), TensorQuant(6 / 255, -128)
+    out = -(-size // 2) if padding == "SAME" else (size - 3) // 2 + 1
+    scales = tuple(rng.uniform(0.005, 0.03, channels))
+    x = g.activation((1, size, size, channels), q_in, "x")
+    w = g.const(rng.integers(-127, 128, (1, 3, 3, channels)).astype(np.int8), T.INT8, "w",
+                scales, (0,) * channels, 3)
+    b = g.const(rng.integers(-3000, 3000, channels).astype("<i4"), T.INT32, "b",
+                tuple(q_in.scale * s for s in scales), (0,) * channels)
+    y = g.activation((1, out, out, channels), q_out, "y")
+    g.ops.append(_Op(O.DEPTHWISE_CONV_2D, [x, w, b], [y], B.DepthwiseConv2DOptions,
+                     _options("DepthwiseConv2DOptions", padding=getattr(tflite.Padding, padding),
+                              stride_h=2, stride_w=2, depth_multiplier=1,
+                              fused_activation_function=3)))
+    return _serialize(g, x, y)
+
+
+@pytest.mark.parametrize("padding, size, kinds, pads", [
+    ("SAME", 8, ["QPad", "QConv2d"], (0, 1, 0, 1)),  # asymmetric: a PAD stage first
+    ("SAME", 7, ["QConv2d"], (1, 1)),                 # symmetric: the convolution's padding
+    ("VALID", 8, ["QConv2d"], (0, 0)),
+])
+def test_stride_2_depthwise_loads_with_tflite_padding(padding, size, kinds, pads):
+    model = bt.from_bytes(depthwise_file(padding, size))
+    assert [type(m).__name__ for m in model.body] == kinds
+    conv = model.body[-1]
+    assert conv.groups == conv.out_channels == 4 and conv.stride == (2, 2)
+    assert conv.activation == "relu6"
+    assert (model.body[0].pads if kinds[0] == "QPad" else conv.padding) == pads
+    out = -(-size // 2) if padding == "SAME" else (size - 3) // 2 + 1
+    assert model.forward_int(int8_inputs((4, size, size))).shape[-2:] == (out, out)
+
+
 def test_converter_style_graph_loads_into_bpfree_stages():
     model = bt.from_bytes(converter_style_file())
     kinds = [type(m).__name__ for m in model.body]

@@ -110,6 +110,22 @@ def test_converter_style_graph_matches_litert():
                                       model.forward_int(xq).numpy())
 
 
+@pytest.mark.parametrize("padding, size", [("SAME", 8), ("SAME", 7), ("VALID", 8),
+                                           ("VALID", 7)])
+def test_stride_2_depthwise_matches_litert(padding, size):
+    """DEPTHWISE_CONV_2D with depth multiplier 1 and stride 2, SAME (asymmetric on an even
+    size, symmetric on an odd one) and VALID, from a file bpfree did not write."""
+    from test_tflite import depthwise_file
+
+    for seed in (0, 1):
+        data = depthwise_file(padding, size, seed=seed)
+        model = bt.from_bytes(data)
+        x = int8_inputs((4, size, size), n=32, seed=seed)
+        ours = model.forward_int(x).numpy()  # NCHW; LiteRT's output is NHWC
+        for file in (data, bt.to_bytes(model)):  # the file, and the one bpfree writes back
+            np.testing.assert_array_equal(run_litert(file, x).transpose(0, 3, 1, 2), ours)
+
+
 @pytest.mark.parametrize("scale", [0.01, 0.1, 0.37, 1.0, 10.0, 40.0])
 def test_int8_softmax_matches_litert(scale):
     """gemmlowp's fixed-point exp and reciprocal, across input scales that move diff_min from
