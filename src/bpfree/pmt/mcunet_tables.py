@@ -23,10 +23,11 @@ ours. Formulas (KB = 1,024 bytes):
   real run needs on top: the gradient buffer of the largest layer (fp32/int32, d_w * 4 B; PMT
   §3.4.1 "the gradient buffer ... is released once the parameter update is complete"), the
   activation a^(i) saved while layer i is estimated beyond the inference working set, one
-  uint32 seed and the per-query losses (O(Q) scalars) — see :func:`bpfree.memory.rules.pmt_rule`.
+  uint32 seed and the per-query losses (O(Q) scalars) — see :func:`bpfree.pmt.memory.pmt_rule`.
 * BP memory: ``bp`` (fp32 weights, activations kept for the backward, fp32 gradients and
   activation gradients; the paper's 3,650 KB is its FP32 FullTrain, Table 11) and ``bp-int8``
-  (int8 weights and saved activations, fp32 gradients) — :mod:`bpfree.memory.rules`.
+  (int8 weights and saved activations, fp32 gradients) — :mod:`bpfree.memory.rules`,
+  :mod:`bpfree.pmt.memory`.
 * compute per iteration, BP = forward + ∇a of every layer after the first trainable one + ∇W of
   every trainable layer (~3F). BP-free, four schedules. The paper's 7,857.5 MMACs is exactly
   7 * Q * F with F = 22.45 M, Q = 50, and no clean forward counted. (a) **stage-wise, full
