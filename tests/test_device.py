@@ -274,6 +274,19 @@ def test_arena_plan_never_overwrites_a_value_before_its_last_read(sparse):
         assert_no_live_value_overwritten(replay_schedule(graph, squashed, specs))
 
 
+def test_step_macs_counts_the_schedule(digits, tmp_path):
+    from bpfree.device.report import step_macs
+
+    trainer = _digits_trainer(digits)  # 64-64-10: two NP layers, Q = 4, one stage each
+    program = export_c(trainer, tmp_path / "prog", max_batch=5)
+    layers = [64 * 64, 64 * 10]
+    from_layer = [sum(layers[i:]) for i in range(3)]
+    # clean forward + stage passes + Eq. 10 sums + Q passes from each layer's stage
+    per_sample = 3 * sum(layers) + 4 * sum(from_layer)
+    assert step_macs(program) == 5 * per_sample
+    assert step_macs(program, queries=1) == 5 * (3 * sum(layers) + sum(from_layer))
+
+
 # ------------------------------------------------------------------------------- errors
 
 def test_export_needs_device_exact_and_nonzero_seed(digits, tmp_path):

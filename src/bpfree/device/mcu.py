@@ -267,13 +267,19 @@ def run_emulated(program, xs: np.ndarray, ys: np.ndarray, steps: int, batch_size
                         load_weights(program, weights), sums, wall, instructions)
 
 
-def infer_emulated(program, xs: np.ndarray) -> torch.Tensor:
+def infer_emulated(program, xs: np.ndarray, *, count_instructions: bool = False
+                   ) -> tuple[torch.Tensor, list[int] | None]:
+    """Int8 logits of ``xs`` under QEMU and, with ``count_instructions``, the executed
+    instructions of each inference call (``max_batch`` samples at a time)."""
     elf = build_elf(program)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         shutil.copy(elf, work / elf.name)
         head = np.array([len(xs), xs.shape[1]], dtype=np.int32)
         (work / "infer.bin").write_bytes(head.tobytes() + xs.tobytes())
-        qemu(work / elf.name, ["infer", "infer.bin", "logits.bin"], work)
+        qemu(work / elf.name, ["infer", "infer.bin", "logits.bin", "counts.bin"], work,
+             icount=count_instructions)
         out = np.frombuffer((work / "logits.bin").read_bytes(), dtype=np.int8)
-    return torch.from_numpy(out.reshape(len(xs), program.meta["classes"]).copy())
+        ticks = np.frombuffer((work / "counts.bin").read_bytes(), dtype=np.uint32)
+    logits = torch.from_numpy(out.reshape(len(xs), program.meta["classes"]).copy())
+    return logits, ([int(t) * INSNS_PER_TICK for t in ticks] if count_instructions else None)

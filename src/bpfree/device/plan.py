@@ -205,3 +205,12 @@ def plan_arena(graph: Graph, trainable: list[TrainableSpec], batch: int, queries
         tables.append((k, tuple(fit.get(f"t{t}", tensor_off[t])
                                 for t in range(len(graph.tensors)))))
     return ArenaPlan(tuple(buffers), tensor_off, tuple(tables), tuple(diff_off), _align(end))
+
+
+def inference_bytes(graph: Graph, batch: int) -> int:
+    """Activation bytes of inference alone for ``batch`` samples: the smallest first-fit of
+    the forward's lifetimes (what an inference engine with this planner needs)."""
+    n_ops = len(graph.ops)
+    items = [(f"t{t}", batch * x.numel, (x.producer, max(x.consumers, default=n_ops)))
+             for t, x in enumerate(graph.tensors)]
+    return _extent(items, _best_fit(items, 0))

@@ -15,6 +15,7 @@ from ..memory.profile import profile_model
 from ..models import digits_mlp, mcunet_in1_float, mnist_cnn
 from ..pmt.mcunet_tables import PAPER
 from .export import DeviceProgram
+from .lower import lower
 from .mcu import build_elf, missing_tools, size_of
 
 
@@ -40,6 +41,30 @@ def analytic_bytes(program: DeviceProgram) -> int | None:
     return int(report.total)
 
 
+def step_macs(program: DeviceProgram, queries: int | None = None) -> int:
+    """Multiply-accumulates of one training step of ``max_batch`` samples, as the C schedules
+    it (bpfree.device.plan): the clean forward, Q perturbed passes per trainable layer from its
+    stage's first operator to the logits, the stage passes, and each NP layer's Eq. 10 sums
+    (one MAC per weight and output position). ``queries`` defaults to the program's Q."""
+    meta = program.meta
+    q = meta["config"]["queries"] if queries is None else queries
+    graph = lower(program.model, tuple(meta["sample_shape"]))
+    macs = []
+    for op in graph.ops:
+        w = op.module.weight if op.kind == "affine" else None
+        macs.append(graph.tensors[op.output].numel * (w.numel() // w.shape[0]) if w is not None
+                    else 0)
+    affine = graph.affine_ops()
+    ops = [graph.ops.index(affine[row["layer_index"]]) for row in meta["trainable"]]
+    first = graph.stage_first_op[graph.ops[ops[0]].stage]
+    total = sum(macs) + sum(macs[first:ops[-1] + 1])
+    for op, row in zip(ops, meta["trainable"]):
+        total += q * sum(macs[graph.stage_first_op[graph.ops[op].stage]:])
+        if row["mode"] == "np":
+            total += macs[op]
+    return total * meta["max_batch"]
+
+
 def program_report(path) -> dict:
     program = path if isinstance(path, DeviceProgram) else DeviceProgram.load(path)
     meta = program.meta
@@ -47,6 +72,7 @@ def program_report(path) -> dict:
            "sram_kib": meta["sram_kib"], "flash_kib": meta["flash_kib"],
            "arena_bytes": meta["arena_bytes"], "arena_plan": meta["arena_plan"],
            "trainable": meta["trainable"], "analytic_bytes": analytic_bytes(program),
+           "macs_per_step": step_macs(program),
            "text": None, "data": None, "bss": None, "size_note": None}
     if meta["target"] == "cortex-m7":
         missing = missing_tools()
@@ -73,7 +99,8 @@ def format_report(doc: dict) -> str:
     else:
         lines.append(f"  sizes: {doc['size_note']}")
     lines.append(f"  arena {doc['arena_bytes']} B; analytic pmt rule "
-                 f"{doc['analytic_bytes'] if doc['analytic_bytes'] is not None else 'n/a'} B")
+                 f"{doc['analytic_bytes'] if doc['analytic_bytes'] is not None else 'n/a'} B; "
+                 f"{doc['macs_per_step']} MACs per step")
     if "paper" in doc:
         p = doc["paper"]
         lines.append(f"  paper (MCUNet-in1, Tables 8-9): {p['parameter_kb']} KB parameters + "

@@ -150,7 +150,7 @@ def infer_c(program, x: torch.Tensor) -> torch.Tensor:
         program = DeviceProgram.load(program)
     xs = _as_int8(program, x)
     if program.target == "cortex-m7":
-        return infer_emulated(program, xs)
+        return infer_emulated(program, xs)[0]
     lib = _load(build_host_library(program))
     lib.bpfree_init()
     out = np.zeros((len(xs), program.meta["classes"]), dtype=np.int8)

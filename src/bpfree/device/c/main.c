@@ -6,8 +6,9 @@
  *
  * train.bin: int32 n, numel, steps, batch; float64 lr; int8 x[n * numel]; int32 y[n]
  * infer.bin: int32 n, numel; int8 x[n * numel]
- * With BPFREE_COUNTER defined (the emulated MCU), each step's count of that counter is written
- * to the file named by the fifth argument. */
+ * With BPFREE_COUNTER defined (the emulated MCU), each step's (or inference call's) count of
+ * that counter is written to the file named by the last argument (train: the fifth, infer:
+ * the third). */
 #include <stdio.h>
 #include <string.h>
 #include "bpfree_model.h"
@@ -48,6 +49,28 @@ static int fail(const char *what) {
     return 1;
 }
 
+/* The file that receives each counted call's ticks: NULL when none is named, or when the
+ * build has no counter (the host library). */
+static int open_counts(const char *path, FILE **c) {
+    *c = NULL;
+#ifdef BPFREE_COUNTER
+    if (path && !(*c = fopen(path, "wb"))) return fail("cannot open the count file");
+#else
+    (void)path;
+#endif
+    return 0;
+}
+
+/* Ticks of the counted call between COUNT_START and COUNT_STOP (a down-counter). */
+#ifdef BPFREE_COUNTER
+#define COUNT_START uint32_t before_ = BPFREE_COUNTER();
+#define COUNT_STOP(c) do { uint32_t ticks_ = before_ - BPFREE_COUNTER(); \
+    if (c) fwrite(&ticks_, sizeof ticks_, 1, c); } while (0)
+#else
+#define COUNT_START
+#define COUNT_STOP(c) ((void)0)
+#endif
+
 static int8_t *batch_buffer(void) {
 #if BPFREE_MICRO_BATCH
     return staged_x;
@@ -84,12 +107,8 @@ static int train(const char *in_path, const char *out_path, const char *count_pa
         return fail("truncated training file");
     FILE *o = fopen(out_path, "wb");
     if (!o) return fail("cannot open the output file");
-    FILE *c = NULL;
-#ifdef BPFREE_COUNTER
-    if (count_path && !(c = fopen(count_path, "wb"))) return fail("cannot open the count file");
-#else
-    (void)count_path;
-#endif
+    FILE *c;
+    if (open_counts(count_path, &c)) return 1;
     bpfree_init();
     for (int32_t t = 0; t < steps; t++) {
         int8_t *bx = batch_buffer();
@@ -97,14 +116,9 @@ static int train(const char *in_path, const char *out_path, const char *count_pa
             return fail("truncated training file");
         for (int32_t i = 0; i < batch; i++) batch_y[i] = ys[(int32_t)(((int64_t)t * batch + i) % n)];
         int64_t loss;
-#ifdef BPFREE_COUNTER
-        uint32_t before = BPFREE_COUNTER();
-#endif
+        COUNT_START
         if (bpfree_step(bx, batch_y, batch, lr, &loss)) return fail("step failed");
-#ifdef BPFREE_COUNTER
-        uint32_t ticks = before - BPFREE_COUNTER(); /* a down-counter */
-        if (c) fwrite(&ticks, sizeof ticks, 1, c);
-#endif
+        COUNT_STOP(c);
         fwrite(&loss, sizeof loss, 1, o);
     }
     fclose(f);
@@ -112,7 +126,7 @@ static int train(const char *in_path, const char *out_path, const char *count_pa
     return 0 * fclose(o);
 }
 
-static int infer(const char *in_path, const char *out_path) {
+static int infer(const char *in_path, const char *out_path, const char *count_path) {
     FILE *f = fopen(in_path, "rb");
     if (!f) return fail("cannot open the inference file");
     int32_t head[2];
@@ -120,23 +134,29 @@ static int infer(const char *in_path, const char *out_path) {
         return fail("samples do not match the program");
     FILE *o = fopen(out_path, "wb");
     if (!o) return fail("cannot open the logits file");
+    FILE *c;
+    if (open_counts(count_path, &c)) return 1;
     bpfree_init();
     for (int32_t lo = 0; lo < head[0]; lo += BPFREE_MAX_BATCH) {
         int32_t mb = head[0] - lo < BPFREE_MAX_BATCH ? head[0] - lo : BPFREE_MAX_BATCH;
         int8_t *x = bpfree_input();
         if (read_samples(f, (long)sizeof head, lo, mb, head[0], x))
             return fail("truncated inference file");
+        COUNT_START
         bpfree_infer(x, mb, logits);
+        COUNT_STOP(c);
         fwrite(logits, 1, (size_t)mb * BPFREE_CLASSES, o);
     }
     fclose(f);
+    if (c) fclose(c);
     return 0 * fclose(o);
 }
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "train";
     if (!strcmp(mode, "infer"))
-        return infer(argc > 2 ? argv[2] : "infer.bin", argc > 3 ? argv[3] : "logits.bin");
+        return infer(argc > 2 ? argv[2] : "infer.bin", argc > 3 ? argv[3] : "logits.bin",
+                     argc > 4 ? argv[4] : NULL);
     int rc = train(argc > 2 ? argv[2] : "train.bin", argc > 3 ? argv[3] : "losses.bin",
                    argc > 5 ? argv[5] : NULL);
     if (rc) return rc;
