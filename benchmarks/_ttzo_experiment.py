@@ -4,8 +4,9 @@ The driver of ``bpfree bench tt-zo`` (benchmarks/tt_zo.py); the models and train
 are the library's (:func:`bpfree.ttzo.make_model`, :func:`bpfree.ttzo.make_method`). One *task*
 is a plain dict naming a model, a training method, the data subset and the epoch loop's
 settings; :func:`run_task` builds everything inside the worker (MNIST is loaded once per
-process), runs :func:`bpfree.ttzo.train` and returns a plain dict (the
-:class:`~bpfree.ttzo.TrainLog` plus the parameter count, phase forward counts and wall time),
+process), runs :func:`bpfree.ttzo.train` and returns a plain dict (the per-epoch record of
+its :class:`~bpfree.harness.History`, :func:`log_record`, plus the parameter count, phase
+forward counts and wall time),
 so tasks pickle cheaply and can run in a ``spawn`` pool with one CPU thread per worker.
 
 Models (``model``): :data:`bpfree.ttzo.MODELS`. Methods (``method``): :data:`bpfree.ttzo.METHODS`
@@ -25,7 +26,7 @@ from bpfree.harness import accuracy
 from bpfree.tt import tt_mlp_num_parameters
 from bpfree.ttzo import make_method, make_model, train
 
-__all__ = ["load_data", "run_task"]
+__all__ = ["load_data", "log_record", "run_task"]
 
 _DATA: dict = {}
 
@@ -50,6 +51,17 @@ def load_data(n_train: int | None, n_val: int | None, root=None, n_test: int | N
         _DATA[key] = flat_image_splits("mnist", n_train=n_train, n_val=int(n_val),
                                        n_test=n_test, root=root)
     return _DATA[key]
+
+
+def log_record(history) -> dict:
+    """The ``"log"`` of a result: ``history``'s per-epoch record under the keys the tt-zo
+    results JSON has always had (``lr``, ``forwards``, ``batch_forwards``, ``phase`` are per
+    epoch; ``step_loss`` is the per-step loss)."""
+    h = history
+    return {"epoch_loss": h.epoch_loss, "val_acc": h.val_acc, "lr": h.epoch_lr,
+            "forwards": h.epoch_forwards, "batch_forwards": h.epoch_batch_forwards,
+            "phase": h.epoch_phase, "step_loss": h.loss, "switch_epoch": h.switch_epoch,
+            "diverged": h.diverged, "best_epoch": h.best_epoch, "seconds": h.seconds}
 
 
 def run_task(task: dict) -> dict:
@@ -85,7 +97,7 @@ def run_task(task: dict) -> dict:
     # The untouched test split, once, on the model of the best validation epoch (early
     # stopping on validation: the hybrid's CGE stage can collapse a model late in a run).
     test_acc = accuracy(method.model, xt.to(device), yt.to(device))
-    out = {"log": log.as_dict(), "params": int(params), "seconds": seconds,
+    out = {"log": log_record(log), "params": int(params), "seconds": seconds,
            "test_acc": float(test_acc),
            "steps": int(getattr(method, "steps", 0)),
            "forwards": int(method.forwards),

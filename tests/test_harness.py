@@ -40,7 +40,7 @@ def test_fit_rejects_a_non_finite_loss():
         def step(self, x, y, lr):
             return {"loss": float("nan")}
 
-    with pytest.raises(FloatingPointError, match="non-finite loss at step 0"):
+    with pytest.raises(FloatingPointError, match="non-finite loss at epoch 0, step 0"):
         fit(Bad(), torch.zeros(4, 2), torch.zeros(4), epochs=1, batch_size=2, lr=0.1)
 
 
@@ -108,3 +108,94 @@ def test_accuracy_is_exact_and_refuses_an_empty_or_mismatched_set():
         accuracy(model, logits[:0], torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="same non-zero number"):
         accuracy(model, logits, torch.zeros(3, dtype=torch.long))
+
+
+class _Indexer:
+    """A Method that records the batch it saw (x holds the sample indices) and its rate."""
+
+    def __init__(self, losses=None):
+        self.forwards, self.seen, self.rates = 0, [], []
+        self.losses = losses or {}
+
+    def step(self, x, y, lr):
+        self.forwards += x.shape[0]
+        self.seen.append(x[:, 0].long().tolist())
+        self.rates.append(lr)
+        return {"loss": self.losses.get(len(self.seen) - 1, 1.0), "phase": "p"}
+
+
+def test_fit_per_epoch_schedule_truncation_and_epoch_record():
+    from bpfree.harness import batches
+    from bpfree.transforms import exponential
+
+    x, y = torch.arange(10.0)[:, None], torch.zeros(10)
+    full = [b.tolist() for b in batches(10, 3, 3, seed=7)]          # 4 batches per epoch
+    m = _Indexer()
+    hist = fit(m, x, y, epochs=3, batch_size=3, lr=0.8, schedule=exponential(0.5, 2),
+               schedule_unit="epoch", seed=7, max_steps_per_epoch=2)
+    # the skipped batches are still drawn: epoch e runs batches 4e and 4e + 1 of the stream
+    assert m.seen == [full[0], full[1], full[4], full[5], full[8], full[9]]
+    assert m.rates == [0.8, 0.8, 0.8, 0.8, 0.4, 0.4] == hist.lr
+    assert hist.epoch_lr == [0.8, 0.8, 0.4] and hist.epoch_loss == [1.0, 1.0, 1.0]
+    assert hist.epoch_forwards == [6, 12, 18] == hist.forwards[1::2]
+    assert hist.epoch_batch_forwards == [None] * 3 and hist.epoch_phase == [None] * 3
+    by_step = fit(_Indexer(), x, y, epochs=1, batch_size=3, lr=0.8, schedule=exponential(0.5, 2))
+    assert by_step.lr == [0.8, 0.8, 0.4, 0.4]
+
+
+def test_fit_stops_on_divergence_unless_the_step_says_nan_is_expected():
+    x, y = torch.arange(8.0)[:, None], torch.zeros(8, dtype=torch.long)
+    nan_at_3 = {3: float("nan")}
+    with pytest.raises(FloatingPointError, match="non-finite loss at epoch 1, step 1"):
+        fit(_Indexer(nan_at_3), x, y, epochs=3, batch_size=4, lr=0.1)
+    hist = fit(_Indexer(nan_at_3), x, y, epochs=3, batch_size=4, lr=0.1, on_nonfinite="stop")
+    assert hist.diverged == "non-finite loss at epoch 1, step 1"
+    assert hist.loss == [1.0, 1.0, 1.0] and len(hist.epoch_loss) == 2   # epoch 1 closed
+    hist = fit(_Indexer(nan_at_3), x, y, epochs=3, batch_size=4, lr=0.1,
+               nonfinite_ok=lambda out: out["phase"] == "p")
+    assert hist.diverged is None and len(hist.loss) == 6 and math.isnan(hist.loss[3])
+    assert hist.epoch_loss == [1.0, 1.0, 1.0]                 # the mean of finite losses
+
+
+def test_fit_validates_after_the_epoch_hook_and_keeps_the_best_epoch():
+    class Flipper(torch.nn.Module):
+        """Identity on 2 classes; the hook flips it after epoch 1 (a late collapse)."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.eye(2))
+            self.forwards = 0
+
+        def step(self, x, y, lr):
+            return {"loss": 0.0}
+
+        def forward(self, x):
+            return x @ self.w
+
+    def hook(epoch, history):
+        order.append((epoch, len(history.epoch_loss), len(history.val_acc)))
+        if epoch == 1:
+            with torch.no_grad():
+                m.w.copy_(torch.eye(2).flip(0))
+
+    x, y = torch.eye(2).repeat(3, 1), torch.tensor([0, 1] * 3)
+    m, order = Flipper(), []
+    hist = fit(m, x, y, epochs=3, batch_size=2, lr=0.1, x_val=x, y_val=y, keep_best=True,
+               on_epoch_end=hook)
+    assert order == [(0, 1, 0), (1, 2, 1), (2, 3, 2)]    # before that epoch's validation
+    assert hist.val_acc == [100.0, 0.0, 0.0] and hist.best_epoch == 0
+    assert torch.equal(m.w, torch.eye(2))                 # the best epoch's weights restored
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(schedule=3), "schedule must be 'cosine', 'constant' or a callable"),
+    (dict(schedule_unit="batch"), "schedule_unit must be 'step' or 'epoch'"),
+    (dict(on_nonfinite="ignore"), "on_nonfinite must be 'raise' or 'stop'"),
+    (dict(x_val=torch.zeros(2, 1)), "both x_val and y_val"),
+    (dict(keep_best=True), "keep_best needs a validation split"),
+    (dict(max_steps_per_epoch=0), "max_steps_per_epoch must be an int >= 1"),
+])
+def test_fit_option_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fit(_Recorder(), torch.zeros(2, 1), torch.zeros(2), epochs=1, batch_size=1, lr=0.1,
+            **kwargs)

@@ -438,18 +438,19 @@ def test_short_digits_run_reduces_loss(digits, name):
     log = train(method, xtr, ytr, epochs=3, batch_size=64, lr=lr, x_val=xte, y_val=yte,
                 max_steps_per_epoch=6, seed=0)
     assert log.epoch_loss[-1] < log.epoch_loss[0] - 0.02, log.epoch_loss
-    assert log.forwards[-1] == method.forwards > 0
+    assert log.epoch_forwards[-1] == log.forwards[-1] == method.forwards > 0
     assert len(log.val_acc) == 3
     if name == "hybrid":
         assert log.switch_epoch is not None
-        assert log.phase[-1] == "cge"
+        assert log.epoch_phase[-1] == "cge"
 
 
 def test_queries_to_accuracy_reads_the_log(digits):
     xtr, ytr, xte, yte = digits
     method = BPTrainer(mlp(seed=0))
     log = train(method, xtr, ytr, epochs=3, lr=0.5, x_val=xte, y_val=yte)
-    assert queries_to_accuracy(log, 0.0, unit="forwards") == log.forwards[0]
+    assert queries_to_accuracy(log, 0.0, unit="forwards") == log.epoch_forwards[0] > 0
+    assert log.epoch_forwards[0] == log.forwards[len(log.loss) // 3 - 1]   # end of epoch 0
     assert queries_to_accuracy(log, 101.0, unit="forwards") is None
     assert accuracy(method.model, xte, yte) == log.val_acc[-1]
 

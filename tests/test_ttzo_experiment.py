@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from _ttzo_experiment import run_task
+from _ttzo_experiment import log_record, run_task
 
 from bpfree.bench.runner import load_module
 from bpfree.data import mnist_files
@@ -132,6 +132,14 @@ def test_train_can_stop_on_divergence_and_keep_the_log():
     log = train(Diverging(), x, y, epochs=3, batch_size=4, x_val=x, y_val=y,
                 on_nonfinite="stop")
     assert log.diverged == "non-finite loss at epoch 1, step 0"
-    assert len(log.val_acc) == 2 and log.step_loss == [1.0, 1.0]   # epoch 1 logged, then stop
+    assert len(log.val_acc) == 2 and log.loss == [1.0, 1.0]   # epoch 1 logged, then stop
+    # the results JSON keeps its keys: per-epoch lr / forwards (the diverged step ran: 8 + 4),
+    # the per-step loss as step_loss
+    record = log_record(log)
+    assert list(record) == ["epoch_loss", "val_acc", "lr", "forwards", "batch_forwards",
+                            "phase", "step_loss", "switch_epoch", "diverged", "best_epoch",
+                            "seconds"]
+    assert record["forwards"] == [8, 12] and record["lr"] == [1e-3, 1e-3]
+    assert record["step_loss"] == [1.0, 1.0] and record["diverged"] == log.diverged
     with pytest.raises(ValueError, match="on_nonfinite must be"):
         train(Diverging(), x, y, epochs=1, on_nonfinite="ignore")

@@ -1,17 +1,21 @@
-"""One training harness for every method: epochs, cosine schedule, budget accounting.
+"""One training harness for every method: epochs, schedules, validation, budget accounting.
 
 Every method exposes ``step(x, y, lr) -> dict`` (with at least ``"loss"``) and a ``forwards``
-counter of per-sample forward passes (Table 5's unit), so :func:`fit` can run any of them on
-the same data, the same batches and the same schedule, and report the same history.
+counter of per-sample forward passes (Table 5's unit): the :class:`Method` protocol. So
+:func:`fit` runs any of them on the same data, the same batches and the same schedule, and
+records the same :class:`History`. This is the trainer level; the optimizer level below it is
+:class:`bpfree.optim.ZOOptimizer` (``step(closure)``, for your own loop), which
+:class:`bpfree.optim.ZOMethod` turns into a Method.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import torch
@@ -19,6 +23,16 @@ from tqdm.auto import tqdm
 
 
 class Method(Protocol):
+    """The trainer-level protocol every method follows and :func:`fit` runs.
+
+    ``step(x, y, lr)`` trains on one batch at learning rate ``lr`` and returns a dict with at
+    least ``"loss"`` (the batch loss, float); ``forwards`` counts per-sample forward passes
+    (PMT Table 5's unit). Optional attributes :func:`fit` reads when present: ``model`` (what
+    validation scores; else the method itself is called), ``batch_forwards`` (whole-batch
+    passes, TT-ZO's "queries") and ``phase`` / ``name`` (recorded per epoch). A
+    :class:`~bpfree.optim.ZOOptimizer` becomes a Method through :class:`bpfree.optim.ZOMethod`.
+    """
+
     forwards: int
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict: ...
@@ -26,16 +40,35 @@ class Method(Protocol):
 
 @dataclass
 class History:
-    """Per-step training record: clean loss, learning rate, cumulative forward passes."""
+    """What :func:`fit` records: per step, per epoch, and how the run ended.
+
+    Per step (one entry per completed step): ``loss`` (the step's batch loss), ``lr``,
+    ``forwards`` (cumulative per-sample forward passes). Per epoch (parallel lists):
+    ``epoch_loss`` (mean of the epoch's finite step losses, NaN if none), ``epoch_lr`` (the
+    rate of the epoch's first step), ``epoch_forwards`` / ``epoch_batch_forwards``
+    (cumulative counts at the epoch's end; the latter None for methods that do not count
+    whole-batch passes), ``epoch_phase`` (the method's ``phase``, else its ``name``, during the
+    epoch) and ``val_acc`` (%, only with validation data). ``best_epoch``: the epoch whose
+    weights ``keep_best`` restored; ``diverged``: why ``on_nonfinite="stop"`` ended the run;
+    ``switch_epoch``: the first epoch of a staged method's second phase (TT-ZO's hybrid).
+    """
 
     loss: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     forwards: list[int] = field(default_factory=list)
+    epoch_loss: list[float] = field(default_factory=list)
+    epoch_lr: list[float] = field(default_factory=list)
+    epoch_forwards: list[int] = field(default_factory=list)
+    epoch_batch_forwards: list[int | None] = field(default_factory=list)
+    epoch_phase: list[str | None] = field(default_factory=list)
+    val_acc: list[float] = field(default_factory=list)
+    best_epoch: int | None = None
+    diverged: str | None = None
+    switch_epoch: int | None = None
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"loss": self.loss, "lr": self.lr, "forwards": self.forwards,
-                "seconds": self.seconds}
+        return asdict(self)
 
 
 def check_learning_rate(lr) -> float:
@@ -67,39 +100,128 @@ def batches(n: int, batch_size: int, epochs: int, seed: int):
             yield perm[lo:lo + batch_size]
 
 
+def _check_fit_options(schedule, schedule_unit, on_nonfinite, x_val, y_val, keep_best,
+                       max_steps_per_epoch) -> None:
+    if isinstance(schedule, str):
+        if schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine', 'constant' or a callable "
+                             f"step -> multiplier, got {schedule!r}")
+    elif not callable(schedule):
+        raise ValueError(f"schedule must be 'cosine', 'constant' or a callable "
+                         f"step -> multiplier, got {schedule!r}")
+    if schedule_unit not in ("step", "epoch"):
+        raise ValueError(f"schedule_unit must be 'step' or 'epoch', got {schedule_unit!r}")
+    if on_nonfinite not in ("raise", "stop"):
+        raise ValueError(f"on_nonfinite must be 'raise' or 'stop', got {on_nonfinite!r}")
+    if (x_val is None) != (y_val is None):
+        raise ValueError("validation needs both x_val and y_val")
+    if keep_best and x_val is None:
+        raise ValueError("keep_best needs a validation split (x_val, y_val)")
+    if max_steps_per_epoch is not None and (isinstance(max_steps_per_epoch, bool) or not
+                                            isinstance(max_steps_per_epoch, numbers.Integral)
+                                            or max_steps_per_epoch < 1):
+        raise ValueError(f"max_steps_per_epoch must be an int >= 1 or None, got "
+                         f"{max_steps_per_epoch!r}")
+
+
 def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-        lr: float, schedule: str = "cosine", seed: int = 0, progress: bool | str = False,
-        before_step: Callable[[int, int], None] | None = None) -> History:
+        lr: float, schedule: str | Callable[[int], float] = "cosine",
+        schedule_unit: str = "step", seed: int = 0, progress: bool | str = False,
+        before_step: Callable[[int, int], None] | None = None,
+        x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
+        keep_best: bool = False, max_steps_per_epoch: int | None = None,
+        on_nonfinite: str = "raise", nonfinite_ok: Callable[[dict], bool] | None = None,
+        on_epoch_end: Callable[[int, History], None] | None = None) -> History:
     """Train ``method`` for ``epochs`` over ``(x, y)``; returns the :class:`History`.
 
-    ``before_step(step, total)`` is called before each step (e.g. TinyFoA's slice schedule).
-    Raises FloatingPointError when a step's loss is not finite (the step did not update).
+    Batches come from :func:`batches` (``seed``). The rate of a step is ``lr`` times the
+    schedule: ``"cosine"`` (:func:`cosine_lr` over all steps), ``"constant"``, or a callable
+    ``t -> multiplier`` (e.g. :func:`bpfree.transforms.exponential`) of the step index, or of
+    the epoch index with ``schedule_unit="epoch"`` (TT-ZO §5.1's decay every 10 epochs).
+
+    Hooks: ``before_step(step, total)`` before each step (TinyFoA's slice schedule);
+    ``on_epoch_end(epoch, history)`` after an epoch's record is written and before its
+    validation (TT-ZO's hybrid decides its phase switch there).
+
+    ``max_steps_per_epoch`` runs only the first batches of every epoch (the rest of the
+    epoch's batches are drawn and skipped, so the batch order does not depend on it).
+    ``x_val`` / ``y_val``: :func:`accuracy` of ``method.model`` (else of ``method``) after
+    every epoch; ``keep_best`` then restores the weights of the best validation epoch (the
+    earliest on ties): early stopping decided on validation data only.
+
+    A non-finite step loss raises FloatingPointError (the step did not update), or with
+    ``on_nonfinite="stop"`` closes the epoch and returns the history so far with
+    ``diverged`` set; a step whose output satisfies ``nonfinite_ok(out)`` (central CGE,
+    which never evaluates θ, reports NaN by design) is recorded instead.
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-    if schedule not in ("cosine", "constant"):
-        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
+    _check_fit_options(schedule, schedule_unit, on_nonfinite, x_val, y_val, keep_best,
+                       max_steps_per_epoch)
     lr = check_learning_rate(lr)
     check_batch(x, y)
     n = x.shape[0]
-    total = epochs * math.ceil(n / batch_size)
+    per_epoch = math.ceil(n / batch_size)
+    steps = per_epoch if max_steps_per_epoch is None else min(per_epoch, max_steps_per_epoch)
+    total = epochs * steps
+    model = getattr(method, "model", method)
     history = History()
+    best_state = None
     t0 = time.perf_counter()
     bar = tqdm(total=total, desc=progress if isinstance(progress, str) else "train",
                disable=not progress, leave=False)
-    for step, idx in enumerate(batches(n, batch_size, epochs, seed)):
-        if before_step is not None:
-            before_step(step, total)
-        rate = cosine_lr(lr, step, total) if schedule == "cosine" else lr
-        out = method.step(x[idx], y[idx], rate)
-        if not math.isfinite(out["loss"]):
-            raise FloatingPointError(f"non-finite loss at step {step}")
-        history.loss.append(out["loss"])
-        history.lr.append(rate)
-        history.forwards.append(method.forwards)
-        bar.update(1)
-        bar.set_postfix(loss=f"{out['loss']:.3f}")
+    kind = schedule if isinstance(schedule, str) else "callable"
+    stream = batches(n, batch_size, epochs, seed)
+    step = 0
+    for epoch in range(epochs):
+        losses, first_rate = [], None
+        for k in range(per_epoch):
+            idx = next(stream)
+            if k >= steps:
+                continue
+            if before_step is not None:
+                before_step(step, total)
+            if kind == "cosine":
+                rate = cosine_lr(lr, step, total)
+            elif kind == "constant":
+                rate = lr
+            else:
+                rate = lr * schedule(epoch if schedule_unit == "epoch" else step)
+            first_rate = rate if first_rate is None else first_rate
+            out = method.step(x[idx], y[idx], rate)
+            loss = float(out["loss"])
+            if not math.isfinite(loss) and not (nonfinite_ok is not None and nonfinite_ok(out)):
+                message = f"non-finite loss at epoch {epoch}, step {k}"
+                if on_nonfinite == "raise":
+                    bar.close()
+                    raise FloatingPointError(message)
+                history.diverged = message
+                break
+            history.loss.append(loss)
+            history.lr.append(rate)
+            history.forwards.append(method.forwards)
+            if math.isfinite(loss):
+                losses.append(loss)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+        history.epoch_loss.append(sum(losses) / len(losses) if losses else float("nan"))
+        history.epoch_lr.append(first_rate)
+        history.epoch_forwards.append(int(method.forwards))
+        history.epoch_batch_forwards.append(getattr(method, "batch_forwards", None))
+        history.epoch_phase.append(getattr(method, "phase", getattr(method, "name", None)))
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, history)
+        if x_val is not None:
+            history.val_acc.append(accuracy(model, x_val, y_val))
+            if keep_best and history.val_acc[-1] > max(history.val_acc[:-1], default=-math.inf):
+                best_state = copy.deepcopy(model.state_dict())
+                history.best_epoch = len(history.val_acc) - 1
+        if history.diverged is not None:
+            break
     bar.close()
+    if keep_best and history.best_epoch is not None:
+        model.load_state_dict(best_state)
     history.seconds = time.perf_counter() - t0
     return history
 

@@ -8,8 +8,9 @@
   :class:`FeedbackAlignment` (FA), :class:`DirectFeedbackAlignment` (DFA).
 * :mod:`.models` / :mod:`.methods`: the §5.1 study's models (:func:`make_model`,
   :func:`compression_ratio`) and trainers (:func:`make_method`) by name.
-* :mod:`.train`: :func:`train`, the §5.1 epoch loop (lr 1e-3 × 0.9 every 10 epochs) with
-  per-epoch validation accuracy and forward counts; :func:`queries_to_accuracy`.
+* :mod:`.train`: :func:`train`, §5.1's schedule (lr 1e-3 × 0.9 every 10 epochs) on the shared
+  :func:`bpfree.harness.fit`, with per-epoch validation accuracy and forward counts;
+  :func:`queries_to_accuracy`.
 
 All trainers follow the :class:`bpfree.harness.Method` protocol (``forwards`` per-sample
 counter, ``step(x, y, lr) -> dict(loss=...)``). The ZO trainers also count
