@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 # The entry points are imported on first use (PEP 562), so that `import bpfree` stays cheap:
 # the `bpfree` command then starts without torch and can answer Ctrl-C while torch loads.
 _LAZY = {"Objective": "objective", "cross_entropy_per_sample": "objective",
-         "StepStats": "optim", "ZOOptimizer": "optim", "select_parameters": "optim"}
+         "StepStats": "optim", "ZOMethod": "optim", "ZOOptimizer": "optim",
+         "select_parameters": "optim"}
 
 
 def __getattr__(name: str):
@@ -35,5 +36,5 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["Objective", "StepStats", "ZOOptimizer", "cross_entropy_per_sample",
+__all__ = ["Objective", "StepStats", "ZOMethod", "ZOOptimizer", "cross_entropy_per_sample",
            "select_parameters", "__version__"]

@@ -43,9 +43,8 @@ import torch
 from torch import nn
 
 from ..estimators import cge, forward_gradient, rge, sign_rge
-from ..harness import check_batch, check_learning_rate
-from ..objective import Objective, cross_entropy_per_sample
-from ..optim import ZOOptimizer
+from ..objective import cross_entropy_per_sample
+from ..optim import ZOMethod, ZOOptimizer
 from ..transforms import momentum as momentum_transform
 
 __all__ = ["ESTIMATORS", "StallDetector", "ZOTrainer", "HybridZO"]
@@ -83,9 +82,10 @@ def _trainable(model: nn.Module, params) -> list[tuple[str, nn.Parameter]]:
 # ---------------------------------------------------------------------------------------------
 
 
-class ZOTrainer:
+class ZOTrainer(ZOMethod):
     """Zeroth-order SGD on any ``nn.Module`` with one estimator (the single-method rows).
 
+    A :class:`~bpfree.optim.ZOMethod` whose optimizer it builds from the estimator's name:
     ``step(x, y, lr)`` forms an :class:`~bpfree.objective.Objective` on the batch and runs one
     :class:`~bpfree.optim.ZOOptimizer` step at learning rate ``lr``; the returned ``"loss"``
     is the batch loss at the parameters *before* the update (NaN for central CGE, which never
@@ -127,17 +127,13 @@ class ZOTrainer:
         else:
             est = forward_gradient(num_queries)
         transforms = [momentum_transform(momentum)] if momentum else []
-        self.model = model
         self.name = estimator
         self.estimator = est
-        self.loss_fn = loss_fn
         self.named_params = _trainable(model, params)
-        self.optimizer = ZOOptimizer(self.named_params, lr=1.0, estimator=est,
-                                     distribution=distribution, transforms=transforms, mode=mode,
-                                     seed=seed, chunk_size=chunk_size)
-        self.forwards = 0          # per-sample forward passes (bpfree.pmt unit)
-        self.batch_forwards = 0    # mini-batch loss evaluations (TT-ZO "queries")
-        self.steps = 0
+        super().__init__(model, ZOOptimizer(self.named_params, lr=1.0, estimator=est,
+                                            distribution=distribution, transforms=transforms,
+                                            mode=mode, seed=seed, chunk_size=chunk_size),
+                         loss_fn)
 
     @property
     def num_parameters(self) -> int:
@@ -156,17 +152,7 @@ class ZOTrainer:
         return est.num_queries + 1
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
-        lr = check_learning_rate(lr)
-        check_batch(x, y)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        loss = self.optimizer.step(Objective(self.model, x, y, self.loss_fn))
-        stats = self.optimizer.last_stats
-        self.batch_forwards += stats.batch_forwards
-        self.forwards += stats.batch_forwards * int(x.shape[0])
-        self.steps += 1
-        return {"loss": float(loss), "batch_forwards": stats.batch_forwards,
-                "applied": stats.applied, "estimator": self.name}
+        return {**super().step(x, y, lr), "estimator": self.name}
 
 
 # ---------------------------------------------------------------------------------------------
