@@ -51,13 +51,7 @@ class CoordinateWise:
             for s in signs:
                 points.append((i, c - offsets[i], s * self.mu))
 
-        if ctx.mode == "batched":
-            objective = _require_objective(ctx, "batched mode")
-            base = float(objective()) if not self.central else float("nan")
-            losses = _batched(objective, ctx, points)
-        else:
-            base = loss_value(ctx.closure()) if not self.central else float("nan")
-            losses = _lean(ctx, points)
+        base, losses = self.evaluate(ctx, points)
 
         grads = [torch.zeros_like(p) for p in ctx.params]
         dropped = 0
@@ -78,6 +72,17 @@ class CoordinateWise:
         return Estimate(loss=loss, forward_passes=len(points) + int(not self.central), queries=n,
                         dropped=dropped, num_directions=[n] * len(sizes), dims=[offsets[-1]] * len(sizes),
                         grads=grads)
+
+    def evaluate(self, ctx: QueryContext, points) -> tuple[float, list[float]]:
+        """``(L(θ), [L(θ + δ e_j) for each point])``; ``points`` are ``(tensor index, flat
+        offset, δ)``. L(θ) is NaN for the central variant, which never needs it. A subclass
+        may evaluate the points faster (e.g. :class:`bpfree.ttzo.LayerwiseCGE`)."""
+        if ctx.mode == "batched":
+            objective = _require_objective(ctx, "batched mode")
+            base = float(objective()) if not self.central else float("nan")
+            return base, _batched(objective, ctx, points)
+        base = loss_value(ctx.closure()) if not self.central else float("nan")
+        return base, _lean(ctx, points)
 
 
 def _lean(ctx: QueryContext, points) -> list[float]:

@@ -3,6 +3,8 @@
 * :mod:`.hybrid`: :class:`ZOTrainer` (ZO-RGE / ZO-signRGE / ZO-CGE (+momentum) / forward
   gradient on any ``nn.Module``), :class:`StallDetector`, :class:`HybridZO` (signRGE until the
   training loss stalls, then CGE with momentum; switch epoch and per-phase forwards logged).
+* :mod:`.layerwise`: :class:`LayerwiseCGE`, ZO-CGE whose ``d + 1`` losses come from one
+  forward and the layers after each coordinate (batched mode).
 * :mod:`.baselines`: :class:`BPTrainer` (FO), :func:`grasp_prune` + :class:`MaskedModel`
   (SP-MLP), :class:`ForwardGradientW` (FG-W), :class:`ForwardGradientA` (FG-A),
   :class:`FeedbackAlignment` (FA), :class:`DirectFeedbackAlignment` (DFA).
@@ -20,13 +22,15 @@ counter, ``step(x, y, lr) -> dict(loss=...)``). The ZO trainers also count
 from .baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
                         ForwardGradientA, ForwardGradientW, MaskedModel, grasp_prune, grasp_scores)
 from .hybrid import ESTIMATORS, HybridZO, StallDetector, ZOTrainer
+from .layerwise import LayerwiseCGE, layerwise_losses
 from .methods import METHODS, make_method
 from .models import DENSE_PARAMS, MODELS, compression_ratio, make_model
 from .train import TrainLog, queries_to_accuracy, train
 
 __all__ = [
     "BPTrainer", "DENSE_PARAMS", "DirectFeedbackAlignment", "ESTIMATORS", "METHODS", "MODELS",
-    "FeedbackAlignment", "ForwardGradientA", "ForwardGradientW", "HybridZO", "MaskedModel",
+    "FeedbackAlignment", "ForwardGradientA", "ForwardGradientW", "HybridZO", "LayerwiseCGE",
+    "MaskedModel",
     "StallDetector", "TrainLog", "ZOTrainer", "compression_ratio", "grasp_prune",
-    "grasp_scores", "make_method", "make_model", "queries_to_accuracy", "train",
+    "grasp_scores", "layerwise_losses", "make_method", "make_model", "queries_to_accuracy", "train",
 ]

@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..estimators import cge, forward_gradient, rge, sign_rge
+from ..estimators import forward_gradient, rge, sign_rge
 from ..objective import cross_entropy_per_sample
 from ..optim import ZOMethod, ZOOptimizer
 from ..transforms import momentum as momentum_transform
+from .layerwise import LayerwiseCGE
 
 __all__ = ["ESTIMATORS", "StallDetector", "ZOTrainer", "HybridZO"]
 
@@ -103,7 +104,8 @@ class ZOTrainer(ZOMethod):
         distribution: direction distribution (``bpfree.perturb``); Gaussian as in RGE.
         params: names (or ``(name, tensor)`` pairs) to train; default every parameter with
             ``requires_grad``.
-        mode: ``"lean"`` (perturb in place) or ``"batched"`` (``vmap`` many parameter sets).
+        mode: ``"lean"`` (perturb in place) or ``"batched"`` (``vmap`` many parameter sets;
+            CGE on a layered (TT-)MLP: :class:`~bpfree.ttzo.LayerwiseCGE`).
         loss_fn: per-sample loss ``(outputs, targets) -> [B]``; default cross-entropy.
     """
 
@@ -123,7 +125,8 @@ class ZOTrainer(ZOMethod):
         elif estimator == "sign_rge":
             est = sign_rge(num_queries, mu)
         elif estimator == "cge":
-            est = cge(mu, num_coordinates, central=central)
+            # batched mode evaluates the d + 1 points by layer linearity (ttzo.layerwise)
+            est = LayerwiseCGE(mu, num_coordinates, central)
         else:
             est = forward_gradient(num_queries)
         transforms = [momentum_transform(momentum)] if momentum else []
@@ -261,6 +264,10 @@ class HybridZO:
         max_coarse_epochs: switch after this many coarse epochs even without a stall.
         cge_central, cge_coordinates: CGE variant (central differences / random subset).
         cge_lr_scale: multiplier of the step size in the CGE phase (default 1.0, §5.1).
+        mode, cge_mode: execution mode of the signRGE phase, and of the CGE phase (default:
+            ``mode``); ``"batched"`` CGE evaluates a layered (TT-)MLP's ``d + 1`` points by
+            layer linearity (:class:`~bpfree.ttzo.LayerwiseCGE`), the same losses up to
+            float rounding.
         Others as in :class:`ZOTrainer`.
     """
 
@@ -271,15 +278,17 @@ class HybridZO:
                  max_coarse_epochs: int | None = None, cge_central: bool = False,
                  cge_coordinates: int | None = None, cge_lr_scale: float = 1.0,
                  steps_per_epoch: int | None = None,
-                 distribution="gaussian", params=None, mode: str = "lean", seed: int = 0,
+                 distribution="gaussian", params=None, mode: str = "lean",
+                 cge_mode: str | None = None, seed: int = 0,
                  chunk_size: int = 64, loss_fn: Callable = cross_entropy_per_sample) -> None:
         self.model = model
-        common = dict(params=params, mode=mode, chunk_size=chunk_size, loss_fn=loss_fn,
+        common = dict(params=params, chunk_size=chunk_size, loss_fn=loss_fn,
                       distribution=distribution)
         self.coarse = ZOTrainer(model, "sign_rge", num_queries=num_queries, mu=mu, seed=seed,
-                                **common)
+                                mode=mode, **common)
         self.fine = ZOTrainer(model, "cge", mu=cge_mu, momentum=momentum, central=cge_central,
-                              num_coordinates=cge_coordinates, seed=seed + 1, **common)
+                              num_coordinates=cge_coordinates, seed=seed + 1,
+                              mode=mode if cge_mode is None else cge_mode, **common)
         self.detector = detector if detector is not None else StallDetector(patience, threshold,
                                                                             stall_mode)
         for name, value, lowest in (("min_coarse_epochs", min_coarse_epochs, 0),
