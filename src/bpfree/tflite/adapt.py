@@ -105,10 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--eps-codes", int, None, "K", "qzo-ff only: the perturbation ε of Eq. 6 in codes of "
                                         "each weight channel's own scale (default 1, the "
                                         "smallest the int8 grid represents)"),
-        ("--batch-size", int, 64, "N", "samples per PMT step"),
+        ("--batch-size", int, 64, "N", "samples per training step (pmt and qzo-ff)"),
         ("--validation", float, 0.2, "FRACTION", "fraction of DATA held out to report "
                                                  "accuracy before and after (never trained on)"),
-        ("--seed", int, 0, "SEED", "seed of the split and of PMT's perturbations (the run is "
+        ("--seed", int, 0, "SEED", "seed of the split and of the perturbations (the run is "
                                    "bit-reproducible)"),
     ]
     for flag, kind, default, metavar, help_text in options:
