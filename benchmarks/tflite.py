@@ -5,6 +5,8 @@ MNIST -> LiteRT).
 Issue 18's benchmark; not a paper table (`paper` is null everywhere).
 """
 
+from bpfree.bench.claims import claim
+
 NAME = "tflite"
 DESCRIPTION = (
     "bpfree.tflite vs LiteRT's interpreter (BUILTIN_REF reference kernels): identical outputs, "
@@ -190,10 +192,49 @@ def _adapt(quick: bool, notes: list[str]) -> list[dict]:
     return rows
 
 
+def _by(rows: list[dict], table: str, metric: str) -> dict[tuple[str, str], float]:
+    """``{(method, setting): value}`` of one table's metric."""
+    return {(r["method"], r["setting"]): r["value"] for r in rows
+            if r["table"] == table and r["metric"] == metric}
+
+
+def ledger(rows: list[dict]) -> list[dict]:
+    """Issue 18's "Done when" as verdicts computed from this run's rows: LiteRT's reference
+    kernels reproduce bpfree's forward exactly, ``load(save(m))`` round-trips, and
+    ``bpfree adapt`` raises the LiteRT-measured accuracy for every corruption and method."""
+    exact = _by(rows, EXACT, "identical output values (%)")
+    trip = _by(rows, EXACT, "load(save(m)) identical (1 = yes)")
+    before = _by(rows, ADAPT, "LiteRT accuracy before (%)")
+    after = _by(rows, ADAPT, "LiteRT accuracy after (%)")
+    gains = {k: after[k] - before[k] for k in before if k in after}
+    worst = min(gains, key=gains.get) if gains else None
+    return [
+        claim("tflite-litert-exact", "issue 18, Done when",
+              "every model bpfree saves runs in LiteRT (BUILTIN_REF) with outputs identical "
+              "to bpfree's forward, on random and saturating int8 inputs",
+              paper=100.0, ours=min(exact.values()) if exact else None,
+              holds=bool(exact) and all(v == 100.0 for v in exact.values()),
+              note="the least identical share over " + ", ".join(m for m, _ in exact)),
+        claim("tflite-round-trip", "issue 18, Done when",
+              "load(save(m)) reproduces m exactly", paper=None,
+              ours=f"{sum(v == 1.0 for v in trip.values())}/{len(trip)} models",
+              holds=bool(trip) and all(v == 1.0 for v in trip.values())),
+        claim("tflite-adapt-raises-accuracy", "issue 18, Done when",
+              "bpfree adapt raises the LiteRT-measured accuracy on held-out corrupted MNIST "
+              "images, for every corruption and method",
+              paper=None,
+              ours=(f"{len([g for g in gains.values() if g > 0])}/{len(gains)} runs; smallest "
+                    f"gain {gains[worst]:+.2f} points ({worst[0]}, "
+                    f"{worst[1].split(':')[0]})") if gains else None,
+              holds=bool(gains) and all(g > 0 for g in gains.values()),
+              note="one seed per run: a gain, not a comparison between methods"),
+    ]
+
+
 def run(quick: bool):
     notes = ["LiteRT's optimized kernels and XNNPACK may round ties differently (by one "
              "unit); the comparison uses its reference kernels (BUILTIN_REF).",
              "Models with random weights (PTQ of an untrained float model with random BN "
              "statistics) exercise every kernel; the adaptation uses a trained MNIST CNN."]
     rows = _compare(quick) + _adapt(quick, notes)
-    return rows, {"notes": notes}
+    return rows, {"notes": notes, "claims": ledger(rows)}
