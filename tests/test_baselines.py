@@ -62,3 +62,43 @@ def test_lr_scale_groups_and_frozen_statistics_apply_to_any_optimizer():
         BPTrainer(_model(), trainable=["9"])
     with pytest.raises(FloatingPointError, match="non-finite"):
         BPTrainer(_model()).step(x * float("nan"), y, 0.1)
+
+
+def _same_objects(old_module: str, homes: dict[str, str]) -> None:
+    """Every name the old module lists is the object of its new home (not a copy)."""
+    import importlib
+
+    old = importlib.import_module(old_module)
+    assert sorted(old.__all__) == sorted(homes)
+    for name, home in homes.items():
+        assert getattr(old, name) is getattr(importlib.import_module(home), name), name
+
+
+def test_ttzo_baselines_old_path_reexports_the_new_homes():
+    _same_objects("bpfree.ttzo.baselines", {
+        "BPTrainer": "bpfree.baselines.bp",
+        "grasp_scores": "bpfree.models.pruning", "grasp_prune": "bpfree.models.pruning",
+        "MaskedModel": "bpfree.models.pruning",
+        "ForwardGradientW": "bpfree.baselines.forward_gradient",
+        "ForwardGradientA": "bpfree.baselines.forward_gradient",
+        "FeedbackAlignment": "bpfree.baselines.feedback_alignment",
+        "DirectFeedbackAlignment": "bpfree.baselines.feedback_alignment"})
+
+
+def test_forward_gradient_w_is_the_zo_trainers_forward_gradient_setting():
+    """FG-W composes the same optimizer as ZOTrainer(estimator="forward_gradient"): the same
+    weights, losses and counters after a few momentum steps from the same seed."""
+    from bpfree.baselines import ForwardGradientW
+    from bpfree.ttzo import ZOTrainer
+
+    x, y = _data()
+    a, b = _model(), _model()
+    fg = ForwardGradientW(a, num_queries=3, momentum=0.9, seed=5)
+    zo = ZOTrainer(b, "forward_gradient", num_queries=3, momentum=0.9, seed=5)
+    for _ in range(3):
+        assert fg.step(x, y, 0.1) == zo.step(x, y, 0.1)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+    assert (fg.forwards, fg.batch_forwards) == (zo.forwards, zo.batch_forwards) == (12 * 9, 9)
+    assert fg.batch_forwards_per_step() == zo.batch_forwards_per_step() == 3
+    assert fg.num_parameters == zo.num_parameters == 53

@@ -1,16 +1,21 @@
-"""Baselines shared by the papers' comparisons.
+"""The methods the papers compare against, in one place, one module per concept.
 
-* :class:`BPTrainer`: the one back-propagation trainer (SGD or Adam, parameter groups by
-  module, frozen-statistics mode). TT-ZO's "FO" columns use it as is
-  (:class:`bpfree.ttzo.BPTrainer` is this class) and PMT's "FullTrain FP32"
-  (:class:`bpfree.pmt.FullTrainFP32`) is it with PMT's settings.
+* :mod:`.bp`: :class:`BPTrainer`, the one back-propagation trainer (SGD or Adam, parameter
+  groups by module, frozen-statistics mode): TT-ZO's "FO" columns as is, PMT's
+  "FullTrain FP32" (:class:`~bpfree.pmt.FullTrainFP32`) with PMT's settings.
+* :mod:`.forward_gradient`: :class:`ForwardGradientW` (FG-W, Baydin et al. 2022) and
+  :class:`ForwardGradientA` (FG-A, Ren et al. 2022), TT-ZO Table 3.
+* :mod:`.feedback_alignment`: :class:`FeedbackAlignment` (FA, Lillicrap et al. 2016) and
+  :class:`DirectFeedbackAlignment` (DFA, Nøkland 2016), TT-ZO Table 3.
 
-Baselines that are another algorithm rather than a setting of this one stay with the paper
-that compares against them: the real-quantized BP of PMT (:class:`bpfree.pmt.FullTrainINT8`,
-an integer update through a fake-quantized twin), TT-ZO's forward-gradient and feedback
-alignment trainers, TinyFoA's binary DRTP / PEPITA / FF variants.
+GraSP pruning (TT-ZO's SP-MLP) builds a model rather than training one, so it lives with the
+models: :mod:`bpfree.models.pruning`. The papers' packages re-export their baselines at the
+old paths (``bpfree.ttzo.baselines``, ...).
 """
 
 from .bp import BPTrainer
+from .feedback_alignment import DirectFeedbackAlignment, FeedbackAlignment
+from .forward_gradient import ForwardGradientA, ForwardGradientW
 
-__all__ = ["BPTrainer"]
+__all__ = ["BPTrainer", "DirectFeedbackAlignment", "FeedbackAlignment", "ForwardGradientA",
+           "ForwardGradientW"]

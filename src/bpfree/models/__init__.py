@@ -14,6 +14,7 @@ from torch import nn
 
 from ..blocks import InvertedResidual, conv_bn
 from .mcunet import mcunet_in1, mcunet_in1_float
+from .pruning import MaskedModel, grasp_prune, grasp_scores
 from .vit import mnist_vit
 from bpfree.tt.mlp import tt_mlp_r6, tt_mlp_r10
 

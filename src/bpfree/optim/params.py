@@ -47,6 +47,25 @@ def select_parameters(model: nn.Module, include: str | Iterable[str] | None = No
     return chosen
 
 
+def named_trainable(model: nn.Module, params) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` pairs to train: ``params`` (names or pairs) or all that require grad."""
+    named = dict(model.named_parameters())
+    if params is None:
+        chosen = [(n, p) for n, p in named.items() if p.requires_grad]
+    else:
+        chosen = []
+        for item in params:
+            if isinstance(item, str):
+                if item not in named:
+                    raise ValueError(f"unknown parameter {item!r}; the model has {list(named)[:8]}...")
+                chosen.append((item, named[item]))
+            else:
+                chosen.append(tuple(item))
+    if not chosen:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters")
+    return chosen
+
+
 def owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str]]:
     """``id(param) -> (qualified name, owning module, attribute name)`` for every parameter."""
     out = {}

@@ -5,9 +5,11 @@
   training loss stalls, then CGE with momentum; switch epoch and per-phase forwards logged).
 * :mod:`.layerwise`: :class:`LayerwiseCGE`, ZO-CGE whose ``d + 1`` losses come from one
   forward and the layers after each coordinate (batched mode).
-* :mod:`.baselines`: :class:`BPTrainer` (FO), :func:`grasp_prune` + :class:`MaskedModel`
-  (SP-MLP), :class:`ForwardGradientW` (FG-W), :class:`ForwardGradientA` (FG-A),
-  :class:`FeedbackAlignment` (FA), :class:`DirectFeedbackAlignment` (DFA).
+* the baselines, re-exported here from :mod:`bpfree.baselines` (and :mod:`.baselines`, the
+  old path): :class:`BPTrainer` (FO), :class:`ForwardGradientW` (FG-W),
+  :class:`ForwardGradientA` (FG-A), :class:`FeedbackAlignment` (FA),
+  :class:`DirectFeedbackAlignment` (DFA); and from :mod:`bpfree.models.pruning`
+  :func:`grasp_prune` + :class:`MaskedModel` (SP-MLP).
 * :mod:`.models` / :mod:`.methods`: the §5.1 study's models (:func:`make_model`,
   :func:`compression_ratio`) and trainers (:func:`make_method`) by name.
 * :mod:`.train`: :func:`train`, §5.1's schedule (lr 1e-3 × 0.9 every 10 epochs) on the shared
@@ -19,8 +21,9 @@ counter, ``step(x, y, lr) -> dict(loss=...)``). The ZO trainers also count
 ``batch_forwards`` (mini-batch loss evaluations), the paper's unit of "queries".
 """
 
-from .baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
-                        ForwardGradientA, ForwardGradientW, MaskedModel, grasp_prune, grasp_scores)
+from ..baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
+                         ForwardGradientA, ForwardGradientW)
+from ..models.pruning import MaskedModel, grasp_prune, grasp_scores
 from .hybrid import ESTIMATORS, HybridZO, StallDetector, ZOTrainer
 from .layerwise import LayerwiseCGE, layerwise_losses
 from .methods import METHODS, make_method

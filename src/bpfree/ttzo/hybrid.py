@@ -3,7 +3,7 @@
 * :class:`ZOTrainer` -- one estimator for the whole run: ZO-RGE (Eq. 2 with Gaussian ξ),
   ZO-signRGE (the sign of Eq. 2, §3.2), ZO-CGE (Eq. 2 with ξ_i = e_i, optional heavy-ball
   momentum ``b_t = m·b_{t−1} + g_t``) or the forward gradient (FG-W, see
-  :class:`~bpfree.ttzo.baselines.ForwardGradientW`). It is a thin shell around
+  :class:`~bpfree.baselines.ForwardGradientW`). It is a thin shell around
   :class:`~bpfree.optim.ZOOptimizer` with an estimator from :mod:`bpfree.estimators` and the
   :func:`~bpfree.transforms.momentum` transform; nothing is re-implemented here.
 * :class:`StallDetector` -- decides when the per-epoch training loss has stalled.
@@ -45,6 +45,7 @@ from torch import nn
 from ..estimators import forward_gradient, rge, sign_rge
 from ..objective import cross_entropy_per_sample
 from ..optim import ZOMethod, ZOOptimizer
+from ..optim.params import named_trainable
 from ..transforms import momentum as momentum_transform
 from .layerwise import LayerwiseCGE
 
@@ -57,25 +58,6 @@ PAPER_N = 10
 PAPER_RGE_MU = 0.1
 PAPER_CGE_MU = 0.01
 PAPER_MOMENTUM = 0.9
-
-
-def _trainable(model: nn.Module, params) -> list[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` pairs to train: ``params`` (names or pairs) or all that require grad."""
-    named = dict(model.named_parameters())
-    if params is None:
-        chosen = [(n, p) for n, p in named.items() if p.requires_grad]
-    else:
-        chosen = []
-        for item in params:
-            if isinstance(item, str):
-                if item not in named:
-                    raise ValueError(f"unknown parameter {item!r}; the model has {list(named)[:8]}...")
-                chosen.append((item, named[item]))
-            else:
-                chosen.append(tuple(item))
-    if not chosen:
-        raise ValueError(f"{type(model).__name__} has no trainable parameters")
-    return chosen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +114,7 @@ class ZOTrainer(ZOMethod):
         transforms = [momentum_transform(momentum)] if momentum else []
         self.name = estimator
         self.estimator = est
-        self.named_params = _trainable(model, params)
+        self.named_params = named_trainable(model, params)
         super().__init__(model, ZOOptimizer(self.named_params, lr=1.0, estimator=est,
                                             distribution=distribution, transforms=transforms,
                                             mode=mode, seed=seed, chunk_size=chunk_size),

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
-                        ForwardGradientA, ForwardGradientW)
+from ..baselines import (BPTrainer, DirectFeedbackAlignment, FeedbackAlignment,
+                         ForwardGradientA, ForwardGradientW)
 from .hybrid import HybridZO, ZOTrainer
 
 __all__ = ["METHODS", "make_method"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..tt import dense_mlp, tt_mlp
-from .baselines import grasp_prune
+from ..models.pruning import grasp_prune
 
 __all__ = ["DENSE_PARAMS", "MODELS", "compression_ratio", "make_model"]
 
