@@ -366,6 +366,7 @@ def test_cli_export_run_report(tmp_path, capsys):
         assert key in rep
     assert rep["arena_bytes"] > 0
     assert rep["analytic_bytes"] > 0
+    assert sum(rep["analytic_parts"].values()) == rep["analytic_bytes"]
 
 
 def test_cli_errors_name_the_problem(tmp_path, capsys):

@@ -22,8 +22,10 @@ KB = 1024
 def _memory(full_kb=600.0, sparse_kb=200.0, full_fits=True, sparse_fits=True):
     def one(kb, fits):
         return {"text": 800 * KB, "data": 100 * KB, "bss": int(kb * KB) - 100 * KB,
-                "fits": fits, "arena": 150 * KB, "weights": 300 * KB,
-                "inference": 140 * KB, "analytic": None, "macs": 10**9, "layers": 3}
+                "fits": fits, "arena": 150 * KB, "arena_fixed": 10 * KB, "weights": 300 * KB,
+                "largest": {"name": "body.16", "mode": "np", "d_w": 160000, "cout": 1000},
+                "inference": 140 * KB, "analytic": None, "analytic_parts": None,
+                "macs": 10**9, "layers": 3}
     return {"full": one(full_kb, full_fits), "sparse": one(sparse_kb, sparse_fits)}
 
 
@@ -38,8 +40,20 @@ def _measures(**kw):
     return instructions, host, trace
 
 
-def _ledger(memory=None, **kw):
-    claims = device._claims(memory or _memory(), *_measures(**kw))
+def _accuracy(float64=(90.0, 92.0, 91.0), exact=(91.0, 90.0, 92.0), before=10.0,
+              rates=(0.3,), validation=None):
+    """A measure_accuracy result: per-seed test accuracies of each path at every rate;
+    ``validation`` maps a rate to both paths' validation accuracy (default 50)."""
+    runs = [{"path": path, "lr": lr, "seed": seed, "test": test,
+             "validation": (validation or {}).get(lr, 50.0), "seconds": 1.0}
+            for lr in rates for path, tests in (("float64", float64), ("device-exact", exact))
+            for seed, test in enumerate(tests, 1)]
+    return {"rates": list(rates), "runs": runs, "before": {"test": before, "validation": 9.0}}
+
+
+def _ledger(memory=None, accuracy=None, **kw):
+    summary = device._accuracy_summary(accuracy or _accuracy())
+    claims = device._claims(memory or _memory(), *_measures(**kw), summary)
     validate_claims(claims)
     return {c["id"]: c["holds"] for c in claims}
 
@@ -58,6 +72,11 @@ def test_every_claim_holds_when_the_measures_meet_them():
     (None, {"emu_exact": False}, {"device-emulator-bit-exact"}),
     (None, {"trace_gap": 200}, {"device-counter-trace"}),
     (None, {"mlp_sim": 0.005}, {"device-host-faster"}),
+    # means 91 and 93 with std 1 each over 3 seeds: SE = sqrt(2/3) = 0.82, 2 SE = 1.63 < 2
+    (None, {"accuracy": _accuracy(exact=(93.0, 92.0, 94.0))}, {"device-exact-accuracy"}),
+    (None, {"accuracy": _accuracy(exact=(89.0, 88.0, 90.0))}, {"device-exact-accuracy"}),
+    (None, {"accuracy": _accuracy(before=90.5)}, {"device-exact-learns"}),
+    (None, {"accuracy": _accuracy(before=90.0)}, {"device-exact-learns"}),
 ])
 def test_a_failed_measure_fails_exactly_its_claims(memory, kw, failing):
     verdicts = _ledger(memory, **kw)
@@ -77,3 +96,55 @@ def test_rows_carry_the_papers_figures_for_mcunet():
     latency = next(r for r in rows if r["metric"].startswith("projected step latency"))
     assert latency["value"] == pytest.approx(51e9 / 4e8 * 0.190)
     assert latency["paper"] == pytest.approx(9.939)
+
+
+def test_within_seed_noise_is_welchs_two_standard_errors():
+    # variances 1 (3 seeds) and 2 (2 seeds): SE = sqrt(1/3 + 2/2); means 2 and 2 + shift
+    se = (1 / 3 + 2 / 2) ** 0.5
+    for shift, holds in ((2 * se - 0.01, True), (2 * se + 0.01, False), (-2 * se - 0.01, False)):
+        out = device.within_seed_noise([1.0, 2.0, 3.0], [1.0 + shift, 3.0 + shift])
+        assert out["diff"] == pytest.approx(shift)
+        assert out["se"] == pytest.approx(se)
+        assert out["holds"] is holds
+    assert device.within_seed_noise([5.0, 5.0], [5.0, 5.0])["holds"]  # 0 <= 0
+    assert not device.within_seed_noise([5.0, 5.0], [5.5, 5.5])["holds"]
+    with pytest.raises(ValueError, match=">= 2 seeds"):
+        device.within_seed_noise([1.0], [1.0, 2.0])
+
+
+def test_the_rate_is_chosen_on_validation_over_both_paths_then_tested():
+    acc = _accuracy(rates=(0.1, 0.3, 1.0), validation={0.1: 60.0, 0.3: 70.0, 1.0: 70.0})
+    for r in acc["runs"]:  # 0.3 and 1.0 tie on the pooled mean: the smaller wins
+        if r["lr"] != 0.3:
+            r["test"] += 5.0  # test accuracy plays no part in the choice
+    s = device._accuracy_summary(acc)
+    assert s["lr"] == 0.3
+    assert s["paths"]["float64"]["mean"] == pytest.approx(91.0)
+    assert s["paths"]["float64"]["std"] == pytest.approx(1.0)
+    assert s["paths"]["device-exact"]["worst"] == 90.0
+    assert s["diff"] == pytest.approx(0.0) and s["holds"]
+    rows = device._accuracy_rows({**acc, "model": "digits-mlp", "queries": 10, "batch": 64,
+                                  "schedule": "cosine", "epochs": 20, "seeds": [1, 2, 3]}, s)
+    chosen = {r["setting"] for r in rows if r["metric"] == "chosen (1 = yes)" and r["value"]}
+    assert chosen == {"lr=0.3"}
+    before = next(r for r in rows if r["method"].startswith("before"))
+    assert before["value"] == 10.0
+
+
+def test_rule_terms_pair_every_part_and_sum_to_both_totals():
+    m = _memory()["full"]
+    parts = {"parameters": 400 * KB, "trainable_copy": 0, "activations": 140 * KB,
+             "gradient_buffers": 600 * KB, "optimizer_state": 0, "seeds_losses": 200,
+             "saved_activations": 60 * KB}
+    m.update(analytic_parts=parts, analytic=sum(parts.values()))
+    terms = device.rule_terms(m)
+    *body, (_, rule_total, linked_total) = terms
+    assert rule_total == m["analytic"] == sum(rule for _, rule, _ in body)
+    assert linked_total == m["data"] + m["bss"] == sum(linked for _, _, linked in body)
+    estimate = next(t for t in terms if t[0].startswith("estimate"))
+    assert estimate[1:] == (600 * KB + 200, m["arena_fixed"])
+    assert device._term_note(m).count("KB") >= 6
+    m["analytic_parts"] = {**parts, "optimizer_state": 8}
+    m["analytic"] += 8
+    other = next(t for t in device.rule_terms(m) if t[0].startswith("other"))
+    assert other[1:] == (8, 0) and "optimizer_state" in other[0]

@@ -12,6 +12,7 @@ import torch
 
 from ..memory import analytic
 from ..memory.profile import profile_model
+from ..memory.report import MemoryReport
 from ..models import digits_mlp, mcunet_in1_float, mnist_cnn
 from ..pmt.mcunet_tables import PAPER
 from .export import DeviceProgram
@@ -25,10 +26,10 @@ def _float_mirror(name: str | None):
             "mcunet-in1": lambda: mcunet_in1_float(num_classes=1000)}.get(name, lambda: None)()
 
 
-def analytic_bytes(program: DeviceProgram) -> int | None:
+def analytic_report(program: DeviceProgram) -> MemoryReport | None:
     """The ``pmt`` rule's training memory (int8, BN folded) for the program's model, batch, Q
-    and trainable layers, from the float mirror of a built-in model (None for others: the
-    integer graph holds buffers, not parameters, so the profiler cannot size it)."""
+    and trainable layers, part by part, from the float mirror of a built-in model (None for
+    others: the integer graph holds buffers, not parameters, so the profiler cannot size it)."""
     meta = program.meta
     mirror = _float_mirror(meta.get("model_name"))
     if mirror is None:
@@ -36,9 +37,14 @@ def analytic_bytes(program: DeviceProgram) -> int | None:
     profile = profile_model(mirror.eval(), torch.zeros(1, *meta["sample_shape"]))
     affine = [layer.name for layer in profile.layers if layer.macs]
     names = [affine[row["layer_index"]] for row in meta["trainable"]]
-    report = analytic(profile, "pmt", batch_size=meta["max_batch"],
-                      num_queries=meta["config"]["queries"], trainable=names)
-    return int(report.total)
+    return analytic(profile, "pmt", batch_size=meta["max_batch"],
+                    num_queries=meta["config"]["queries"], trainable=names)
+
+
+def analytic_bytes(program: DeviceProgram) -> int | None:
+    """:func:`analytic_report`'s total in bytes (None where it has none)."""
+    report = analytic_report(program)
+    return None if report is None else int(report.total)
 
 
 def step_macs(program: DeviceProgram, queries: int | None = None) -> int:
@@ -71,9 +77,12 @@ def program_report(path) -> dict:
     doc = {"program": str(program.path), "target": meta["target"],
            "sram_kib": meta["sram_kib"], "flash_kib": meta["flash_kib"],
            "arena_bytes": meta["arena_bytes"], "arena_plan": meta["arena_plan"],
-           "trainable": meta["trainable"], "analytic_bytes": analytic_bytes(program),
+           "trainable": meta["trainable"], "analytic_bytes": None, "analytic_parts": None,
            "macs_per_step": step_macs(program),
            "text": None, "data": None, "bss": None, "size_note": None}
+    rule = analytic_report(program)
+    if rule is not None:
+        doc["analytic_bytes"], doc["analytic_parts"] = int(rule.total), dict(rule.parts)
     if meta["target"] == "cortex-m7":
         missing = missing_tools()
         if missing:
@@ -101,6 +110,9 @@ def format_report(doc: dict) -> str:
     lines.append(f"  arena {doc['arena_bytes']} B; analytic pmt rule "
                  f"{doc['analytic_bytes'] if doc['analytic_bytes'] is not None else 'n/a'} B; "
                  f"{doc['macs_per_step']} MACs per step")
+    if doc.get("analytic_parts"):
+        lines.append("  analytic pmt rule by part: " + ", ".join(
+            f"{name} {n} B" for name, n in doc["analytic_parts"].items() if n))
     if "paper" in doc:
         p = doc["paper"]
         lines.append(f"  paper (MCUNet-in1, Tables 8-9): {p['parameter_kb']} KB parameters + "
