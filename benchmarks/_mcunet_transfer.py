@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bpfree.harness import accuracy, fit, holdout_split, pick_lr
-from bpfree.pmt.baselines import FullTrainFP32, SparseBP
+from bpfree.baselines import FullTrainFP32, SparseBP
 from bpfree.pmt.sparse import select_block, split_blocks
 from bpfree.pmt.trainer import PMTConfig, PMTTrainer
 
@@ -222,7 +222,7 @@ def float_names(qmodel: nn.Module, float_model: nn.Module, example: torch.Tensor
                 ) -> dict[str, str]:
     """Integer layer name (``body.2.body.0``) -> module name of the same conv / linear in
     :func:`bpfree.models.mcunet.mcunet_in1_float` (both list the affine layers in order)."""
-    from bpfree.pmt.graph import find_layers
+    from bpfree.quant.graph import find_layers
 
     qnames = [layer.name for layer in find_layers(qmodel, example)]
     fnames = [n for n, m in float_model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]

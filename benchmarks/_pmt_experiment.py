@@ -37,7 +37,7 @@ from torch import nn
 
 from bpfree.bench.parallel import run_named_task
 from bpfree.harness import accuracy, fit, holdout_split
-from bpfree.pmt.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
+from bpfree.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from bpfree.pmt.diagnostic import gradient_cosines
 from bpfree.pmt.sparse import select_block, split_blocks
 from bpfree.pmt.trainer import PMTConfig, PMTTrainer

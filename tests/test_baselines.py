@@ -102,3 +102,16 @@ def test_forward_gradient_w_is_the_zo_trainers_forward_gradient_setting():
     assert (fg.forwards, fg.batch_forwards) == (zo.forwards, zo.batch_forwards) == (12 * 9, 9)
     assert fg.batch_forwards_per_step() == zo.batch_forwards_per_step() == 3
     assert fg.num_parameters == zo.num_parameters == 53
+
+
+def test_pmt_old_paths_reexport_the_new_homes():
+    _same_objects("bpfree.pmt.baselines", {
+        "MeZO": "bpfree.baselines.integer_zo", "DeepZeroCGE": "bpfree.baselines.integer_zo",
+        "FullTrainFP32": "bpfree.baselines.integer_bp",
+        "FullTrainINT8": "bpfree.baselines.integer_bp", "SparseBP": "bpfree.baselines.integer_bp"})
+    _same_objects("bpfree.pmt.graph", {
+        name: "bpfree.quant.graph" for name in ("AFFINE_TYPES", "StagedModel", "TrainableLayer",
+                                                "find_layers", "per_sample_loss", "select_layers")})
+    _same_objects("bpfree.pmt.update", {
+        name: "bpfree.updates.integer_layer" for name in (
+            "INT32_MAX", "INT32_MIN", "LayerEstimate", "apply_update", "quantization_aware_scales")})

@@ -31,7 +31,6 @@ PENDING = {
     "bpfree/cli.py": "command front end (another change in flight)",
     "bpfree/demo.py": "command front end (another change in flight)",
     "bpfree/checkpoint.py": "another change in flight",
-    "bpfree/pmt/baselines.py": "another change in flight",
     "bpfree/bench/environment.py": "another change in flight",
     "bpfree/bench/parallel.py": "another change in flight",
 }

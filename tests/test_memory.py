@@ -383,7 +383,7 @@ def test_pmt_d_w_excludes_the_bias_as_the_trainer_does():
     """A layer with weights < d_a <= weights + bias: PMT's d_w (the weight, §3.2.2 /
     Algorithm 1 line 7; PMTTrainer's TrainableLayer.d_w = weight.numel()) picks WP, as the
     trainer does, and its WP gradient buffer holds the weights only, as the trainer's does."""
-    from bpfree.pmt.graph import find_layers
+    from bpfree.quant.graph import find_layers
     from bpfree.quant import quantize_model
 
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ from torch import nn
 from bpfree.data import load_digits_split
 from bpfree.perturb import derive_seed, rademacher_xorshift
 from bpfree.pmt import accuracy, find_layers, fit, per_sample_loss
-from bpfree.pmt.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
+from bpfree.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from bpfree.quant.ptq import quantize_model
 
 

@@ -2,20 +2,27 @@
 
 * :mod:`.bp`: :class:`BPTrainer`, the one back-propagation trainer (SGD or Adam, parameter
   groups by module, frozen-statistics mode): TT-ZO's "FO" columns as is, PMT's
-  "FullTrain FP32" (:class:`~bpfree.pmt.FullTrainFP32`) with PMT's settings.
+  "FullTrain FP32" (:class:`FullTrainFP32`) with PMT's settings.
 * :mod:`.forward_gradient`: :class:`ForwardGradientW` (FG-W, Baydin et al. 2022) and
   :class:`ForwardGradientA` (FG-A, Ren et al. 2022), TT-ZO Table 3.
 * :mod:`.feedback_alignment`: :class:`FeedbackAlignment` (FA, Lillicrap et al. 2016) and
   :class:`DirectFeedbackAlignment` (DFA, Nøkland 2016), TT-ZO Table 3.
+* :mod:`.integer_zo`: :class:`MeZO` and :class:`DeepZeroCGE` on a real-quantized int8 model
+  (integer perturbations, loss and update), PMT Tables 5–6.
+* :mod:`.integer_bp`: :class:`FullTrainFP32`, :class:`FullTrainINT8` (BP through a
+  fake-quantized twin, integer update with QAS) and :class:`SparseBP`, PMT Table 7.
 
 GraSP pruning (TT-ZO's SP-MLP) builds a model rather than training one, so it lives with the
 models: :mod:`bpfree.models.pruning`. The papers' packages re-export their baselines at the
-old paths (``bpfree.ttzo.baselines``, ...).
+old paths (``bpfree.ttzo.baselines``, ``bpfree.pmt.baselines``).
 """
 
 from .bp import BPTrainer
 from .feedback_alignment import DirectFeedbackAlignment, FeedbackAlignment
 from .forward_gradient import ForwardGradientA, ForwardGradientW
+from .integer_bp import FullTrainFP32, FullTrainINT8, SparseBP
+from .integer_zo import DeepZeroCGE, MeZO
 
-__all__ = ["BPTrainer", "DirectFeedbackAlignment", "FeedbackAlignment", "ForwardGradientA",
-           "ForwardGradientW"]
+__all__ = ["BPTrainer", "DeepZeroCGE", "DirectFeedbackAlignment", "FeedbackAlignment",
+           "ForwardGradientA", "ForwardGradientW", "FullTrainFP32", "FullTrainINT8", "MeZO",
+           "SparseBP"]

@@ -26,7 +26,7 @@ import torch
 
 from ..pmt import PMTTrainer
 from ..pmt.estimate import requant_scale
-from ..pmt.update import quantization_aware_scales
+from ..updates.integer_layer import quantization_aware_scales
 from .emit import MODEL_H, model_c
 from .lower import Graph, lower
 from .mcu import main_defines, mcu_sources

@@ -31,11 +31,11 @@ import math
 import torch
 
 from ..perturb import derive_seed, rademacher_xorshift
-from ..pmt.estimate import (LayerEstimate, capture_inputs, node_to_parameter_gradients,
+from ..pmt.estimate import (capture_inputs, node_to_parameter_gradients,
                             perturb_weight_, wp_direction, wp_estimate_from_scalars)
-from ..pmt.graph import TrainableLayer, per_sample_loss
+from ..quant.graph import TrainableLayer, per_sample_loss
 from ..pmt.trainer import PMTConfig, PMTTrainer
-from ..pmt.update import apply_update
+from ..updates.integer_layer import LayerEstimate, apply_update
 from .comm import SingleProcess
 from .exact import fixed_sum, from_fixed
 

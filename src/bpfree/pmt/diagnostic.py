@@ -23,7 +23,7 @@ from ..perturb import derive_seed
 from ..plotting import pyplot, save_figure
 from ..quant import float_twin
 from .estimate import estimate_group
-from .graph import StagedModel, find_layers, per_sample_loss
+from ..quant.graph import StagedModel, find_layers, per_sample_loss
 
 SCHEMES = ("wp-model", "wp-layer", "np-model", "np-layer", "adaptive")
 

@@ -21,40 +21,15 @@ Directions are regenerated from XORShift32 seeds (Appendix F) derived from
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.nn.grad import conv2d_weight
 
 from ..perturb import derive_seed, rademacher_xorshift
+from ..quant.graph import StagedModel, TrainableLayer, per_sample_loss
 from ..quant.layers import QConv2d
-from .graph import StagedModel, TrainableLayer, per_sample_loss
+from ..updates.integer_layer import LayerEstimate
 
 MODES = ("wp", "np")
-
-
-@dataclass
-class LayerEstimate:
-    """The estimate for one layer, in integer units, and what GNS needs (Eq. 8).
-
-    ``directions`` is the number of independent perturbation directions averaged (Q for WP
-    shared across the batch, N*Q for per-sample NP) and ``dimension`` the perturbed dimension
-    (d_w for WP, d_a for NP), so GNS scales the learning rate by
-    ``directions / (directions + dimension - 1)``.
-    """
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    directions: int
-    dimension: int
-
-    def add_(self, other: LayerEstimate, weight: float = 1.0) -> LayerEstimate:
-        """Accumulate another micro-batch's estimate (gradient accumulation, §3.4.1)."""
-        self.weight.add_(other.weight, alpha=weight)
-        if self.bias is not None and other.bias is not None:
-            self.bias.add_(other.bias, alpha=weight)
-        self.directions += other.directions
-        return self
 
 
 def requant_scale(layer: torch.nn.Module) -> torch.Tensor:

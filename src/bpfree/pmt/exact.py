@@ -1,6 +1,6 @@
 """Device-exact PMT arithmetic: the loss and the update a C program reproduces bit for bit.
 
-The float64 path (:func:`~bpfree.pmt.graph.per_sample_loss`, :mod:`.estimate`, :mod:`.update`)
+The float64 path (:func:`~bpfree.quant.graph.per_sample_loss`, :mod:`.estimate`, :mod:`bpfree.updates.integer_layer`)
 uses torch's ``exp`` / ``log`` and reductions whose summation order is torch's; libm cannot match
 those to the last ulp, and one ulp can flip a rounding of Eq. 11. ``PMTConfig(device_exact=True)``
 switches :class:`~bpfree.pmt.PMTTrainer` to this module, whose arithmetic has one meaning on any
@@ -37,8 +37,8 @@ from ..quant.layers import QConv2d
 from ..transforms.scaling import gradient_norm_factor
 from ..updates import round_and_clip_
 from .estimate import requant_scale
-from .graph import StagedModel, TrainableLayer
-from .update import INT32_MAX, INT32_MIN, quantization_aware_scales
+from ..quant.graph import StagedModel, TrainableLayer
+from ..updates.integer_layer import INT32_MAX, INT32_MIN, quantization_aware_scales
 
 #: Fractional bits of the fixed-point loss (2**-24 nats resolves a one-LSB perturbation).
 LOSS_BITS = 24

@@ -60,7 +60,7 @@ from ..memory.profile import ModelProfile, profile_model
 from ..memory.rules import analytic, macs_per_iteration
 from ..models.mcunet import load_graph, mcunet_in1_float
 from ..models.mcunet.graph import block_of
-from .graph import TrainableLayer
+from ..quant.graph import TrainableLayer
 from .sparse import block, split_blocks
 from .trainer import PMTConfig, PMTTrainer
 

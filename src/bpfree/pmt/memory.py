@@ -38,7 +38,7 @@ def _pmt_d_w(layer: LayerProfile, trainable: frozenset[str]) -> int:
 
     PMT §3.2.2 ("the dimension of weight is d_w") and Algorithm 1 line 7 (``d_W < d_a``) name
     the weight alone, and :class:`bpfree.pmt.PMTTrainer`'s WP perturbs only the integer
-    weights (:attr:`bpfree.pmt.graph.TrainableLayer.d_w` is ``weight.numel()``). A layer
+    weights (:attr:`bpfree.quant.graph.TrainableLayer.d_w` is ``weight.numel()``). A layer
     whose only trainable parameter is its bias counts the bias.
     """
     return layer_trainable_weight_numel(layer, trainable) or \

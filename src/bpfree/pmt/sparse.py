@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .graph import TrainableLayer
+from ..quant.graph import TrainableLayer
 from ..harness import accuracy, fit, holdout_split
 
 

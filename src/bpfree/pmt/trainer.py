@@ -34,10 +34,10 @@ import torch
 from torch import nn
 
 from ..perturb import derive_seed
-from .estimate import LayerEstimate, estimate_group
+from .estimate import estimate_group
 from .exact import LossTables, exact_step
-from .graph import StagedModel, TrainableLayer, find_layers, per_sample_loss, select_layers
-from .update import apply_update
+from ..quant.graph import StagedModel, TrainableLayer, find_layers, per_sample_loss, select_layers
+from ..updates.integer_layer import LayerEstimate, apply_update
 
 PERTURBATIONS = ("adaptive", "wp", "np")
 

@@ -29,7 +29,7 @@ quantization and Eqs. 6-8 run on those codes:
 All trainable tensors are perturbed together (the model-wise ``z ∈ R^n`` of Eq. 3); each of
 the ``2m`` forwards starts at the first trainable stage from the cached input of that stage.
 The loss is the cross-entropy of the dequantized int8 logits (as PMT's,
-:func:`~bpfree.pmt.graph.per_sample_loss`). The §3.4 enhancements (momentum sampling,
+:func:`~bpfree.quant.graph.per_sample_loss`). The §3.4 enhancements (momentum sampling,
 sharpness-aware perturbation, sparse update) are not used here.
 """
 
@@ -43,7 +43,7 @@ from torch import nn
 
 from ..harness import check_batch, check_learning_rate
 from ..perturb import derive_seed, quantization_scale, quantized_gaussian_codes
-from ..pmt.graph import StagedModel, TrainableLayer, find_layers, per_sample_loss, select_layers
+from ..quant.graph import StagedModel, TrainableLayer, find_layers, per_sample_loss, select_layers
 from ..quant.fixed_point import INT32_MAX, multiply_by_quantized_multiplier
 from ..updates import fixed_point_update, update_multiplier
 from ..updates.fixed_point import qmax

@@ -1,7 +1,7 @@
 """Learning-rate scalings of PMT §3.1.2 (Eq. 8): the one home of GNS and QAS.
 
 The factors are pure functions, used by the float optimizer's transforms below and by PMT's
-integer update (:mod:`bpfree.pmt.update`), so each formula exists once.
+integer update (:mod:`bpfree.updates.integer_layer`), so each formula exists once.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ it; an update rule writes it into the parameters in their own number format:
   then :func:`subtract_and_saturate`.
 
 :class:`~bpfree.optim.ZOOptimizer` applies them per parameter group (``update=`` one of
-:data:`UPDATE_RULES`); PMT (:mod:`bpfree.pmt.update`) and QZO-FF (:mod:`bpfree.qzoff.trainer`)
+:data:`UPDATE_RULES`); PMT (:mod:`bpfree.updates.integer_layer`) and QZO-FF (:mod:`bpfree.qzoff.trainer`)
 call the same functions.
 """
 

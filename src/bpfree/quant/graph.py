@@ -1,0 +1,200 @@
+"""The integer model as a forward-only trainer sees it: trainable layers, stages, partial forwards.
+
+PMT's trainer, QZO-FF's integer path and the integer ZO baselines (MeZO, DeepZero CGE) all
+train a real-quantized model through this view (it moved here from ``bpfree.pmt.graph``,
+which re-exports it).
+
+PMT (§3.4.2) starts every perturbed forward pass at the layer being estimated, from an input
+activation kept in the activation buffer. A real-quantized model here is a
+:class:`~bpfree.quant.ptq.QuantizedModel`-like module: ``body`` is an ``nn.Sequential`` of
+stages that each map one int8 tensor to one int8 tensor (an inverted-residual block with its
+residual add is one stage), ``input_quant`` quantizes images and ``output_quant`` dequantizes
+logits. :class:`StagedModel` caches the input of every stage during the clean forward, so a
+perturbed pass for a layer in stage ``k`` recomputes only stages ``k`` onward.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import QConv2d, QLinear
+
+__all__ = ["AFFINE_TYPES", "StagedModel", "TrainableLayer", "find_layers", "per_sample_loss",
+           "select_layers"]
+
+AFFINE_TYPES = (QConv2d, QLinear)
+
+
+@dataclass(frozen=True)
+class TrainableLayer:
+    """One integer affine layer: its qualified name, module, stage index and dimensions.
+
+    ``d_w`` is the number of weights, ``d_a`` the number of output nodes per sample (PMT §3.2.2:
+    WP is chosen for the layer when ``d_w < d_a``, else NP).
+    """
+
+    name: str
+    module: nn.Module
+    stage: int
+    d_w: int
+    d_a: int
+    output_shape: tuple[int, ...]
+
+    @property
+    def preferred_mode(self) -> str:
+        return "wp" if self.d_w < self.d_a else "np"
+
+
+def _check_model(model: nn.Module) -> None:
+    missing = [a for a in ("body", "input_quant", "output_quant") if not hasattr(model, a)]
+    if missing or not isinstance(model.body, nn.Sequential):
+        raise ValueError("PMT trains a real-quantized model with an nn.Sequential `body` of int8 "
+                         "stages and `input_quant` / `output_quant` (build one with "
+                         "bpfree.quant.quantize_model); got "
+                         f"{type(model).__name__} missing {missing or ['Sequential body']}")
+
+
+def find_layers(model: nn.Module, sample: torch.Tensor) -> list[TrainableLayer]:
+    """Every QConv2d / QLinear of ``model.body`` in forward order, with d_w and d_a.
+
+    ``sample`` is one int8 (or float) input batch used only to record output shapes.
+    """
+    _check_model(model)
+    shapes: dict[str, tuple[int, ...]] = {}
+    order: list[str] = []
+    handles = []
+    modules = {}
+    for name, module in model.body.named_modules():
+        if isinstance(module, AFFINE_TYPES):
+            modules[name] = module
+
+            def hook(mod, args, out, name=name):
+                if name not in shapes:
+                    order.append(name)
+                    shapes[name] = tuple(out.shape[1:])
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            x = sample[:1]
+            model.body(x if x.dtype == torch.int8 else model.input_quant.quantize(x))
+    finally:
+        for h in handles:
+            h.remove()
+    layers = []
+    for name in order:
+        module = modules[name]
+        shape = shapes[name]
+        layers.append(TrainableLayer(
+            name=f"body.{name}", module=module, stage=int(name.split(".")[0]),
+            d_w=module.weight.numel(), d_a=int(torch.Size(shape).numel()),
+            output_shape=shape))
+    return layers
+
+
+def select_layers(layers: list[TrainableLayer], trainable) -> list[TrainableLayer]:
+    """The layers named by ``trainable`` (a name or names; None: all), in forward order.
+
+    Raises ValueError naming any unknown layer and the model's integer layers."""
+    if trainable is None:
+        return list(layers)
+    names = [trainable] if isinstance(trainable, str) else list(trainable)
+    known = {layer.name for layer in layers}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown trainable layer(s) {unknown}; the model's integer layers are "
+                         f"{sorted(known)}")
+    chosen = set(names)
+    return [layer for layer in layers if layer.name in chosen]
+
+
+def per_sample_loss(logits_q: torch.Tensor, target: torch.Tensor, output_quant) -> torch.Tensor:
+    """Cross-entropy of each sample from int8 logits, in float64.
+
+    The MCU dequantizes the logits to compute the loss; float64 makes the loss differences
+    ``l_q - l`` of Eq. 6 / 9 free of float32 cancellation.
+    """
+    logits = (logits_q.to(torch.float64) - output_quant.zero_point) * output_quant.scale
+    return F.cross_entropy(logits, target, reduction="none")
+
+
+class StagedModel:
+    """Clean forward with cached stage inputs, and partial forwards from any stage."""
+
+    def __init__(self, model: nn.Module) -> None:
+        _check_model(model)
+        self.model = model
+        self.stages = list(model.body)
+        self.inputs: list[torch.Tensor] = []
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        return x if x.dtype == torch.int8 else self.model.input_quant.quantize(x)
+
+    @torch.no_grad()
+    def clean(self, xq: torch.Tensor, cache: bool = True, keep: int = 0) -> torch.Tensor:
+        """Full forward from int8 ``xq``; returns int8 logits.
+
+        ``cache=True`` keeps the input of every stage (fast partial forwards from any stage);
+        ``cache=False`` keeps only the input of stage ``keep`` (``xq`` for 0), and
+        :meth:`advance` moves the buffer stage by stage as Algorithm 1 does (one activation
+        buffer instead of one per stage).
+        """
+        self.inputs = [xq if cache or keep == 0 else None] + [None] * len(self.stages)
+        h = xq
+        for k, stage in enumerate(self.stages):
+            h = stage(h)
+            if cache or k + 1 == keep:
+                self.inputs[k + 1] = h
+        return h
+
+    @torch.no_grad()
+    def advance(self, k: int) -> torch.Tensor:
+        """Compute the input of stage ``k + 1`` from that of stage ``k`` and free the latter."""
+        h = self.stages[k](self.inputs[k])
+        self.inputs[k + 1], self.inputs[k] = h, None
+        return h
+
+    def by_stage(self, layers: list[TrainableLayer], estimate: Callable, finish: Callable,
+                 start: int = 0) -> None:
+        """Algorithm 1's schedule with one activation buffer, from the held input of ``start``.
+
+        For each stage holding some of ``layers`` (in forward order): ``estimate(layer)`` for
+        each of its layers while the stage input is held; then the stage output is recomputed
+        with the step-t weights (line 34) and ``finish(layer, estimate)`` applies or stores each
+        estimate (line 33). Later stages thus see step-t activations (the synchronized update)
+        while at most one stage's estimates are pending. Frozen stages are only advanced.
+        """
+        current = start
+        for stage, group in itertools.groupby(layers, key=lambda layer: layer.stage):
+            group = list(group)
+            while current < stage:
+                self.advance(current)
+                current += 1
+            estimates = [estimate(layer) for layer in group]
+            self.advance(stage)
+            current = stage + 1
+            for layer, est in zip(group, estimates):
+                finish(layer, est)
+
+    @torch.no_grad()
+    def from_stage(self, k: int, h: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward from stage ``k`` on, starting from ``h`` (default: the cached input)."""
+        if h is None:
+            h = self.inputs[k]
+        for stage in self.stages[k:]:
+            h = stage(h)
+        return h
+
+    @torch.no_grad()
+    def refresh_from(self, k: int) -> torch.Tensor:
+        """Recompute the cached inputs of stages after ``k`` (after an update to stage ``k``)."""
+        h = self.inputs[k]
+        for j in range(k, len(self.stages)):
+            h = self.stages[j](h)
+            self.inputs[j + 1] = h
+        return h
