@@ -122,5 +122,5 @@ def test_make_method_runs_cge_batched_and_layerwise():
     cge = make_method("cge", model)
     hybrid = make_method("hybrid", model)
     assert cge.optimizer.mode == "batched" and isinstance(cge.estimator, LayerwiseCGE)
-    assert hybrid.fine.optimizer.mode == "batched" and hybrid.coarse.optimizer.mode == "lean"
+    assert hybrid.fine.optimizer.mode == "batched" and hybrid.coarse.optimizer.mode == "cached"
     assert isinstance(hybrid.fine.estimator, CoordinateWise)

@@ -33,7 +33,7 @@ class QueryContext:
         distribution: where directions come from.
         seed_for: ``seed_for(direction_index, tensor_index) -> int`` (stateless, so every
             direction can be regenerated at any time).
-        mode: ``"lean"`` or ``"batched"``.
+        mode: ``"lean"``, ``"cached"`` or ``"batched"`` (see :class:`~bpfree.optim.ZOOptimizer`).
         chunk_size: maximum number of parameter sets stacked in one batched forward.
         modules: ``{tensor_index: (module, attribute)}`` owning each parameter, for node
             perturbation.
@@ -56,7 +56,9 @@ class Estimate:
 
     ``weights``/``seeds`` describe the lazy form, ``grads`` the dense form (exactly one of
     the two is set). ``num_directions[i]`` and ``dims[i]`` give, per tensor, the ``NQ`` and
-    ``d`` of PMT Eq. 8 used by gradient-norm scaling.
+    ``d`` of PMT Eq. 8 used by gradient-norm scaling. ``directions[k][i]``, when set (cached
+    mode), is the tensor ``ξ_k`` of ``seeds[k][i]`` already drawn, so the update uses it
+    instead of drawing it again.
     """
 
     loss: float
@@ -68,6 +70,7 @@ class Estimate:
     weights: Tensor | None = None
     seeds: list[list[int]] | None = None
     grads: list[Tensor] | None = None
+    directions: list[list[Tensor]] | None = None
 
     @property
     def is_lazy(self) -> bool:
@@ -87,16 +90,27 @@ def check_mu(mu) -> float:
 
 
 def materialize(params: list[Tensor], distribution: Distribution, weights: Tensor,
-                seeds: list[list[int]]) -> list[Tensor]:
-    """Dense gradients ``Σ_k w_k ξ_k`` from a lazy estimate (regenerating each ξ_k)."""
+                seeds: list[list[int]], directions: list[list[Tensor]] | None = None
+                ) -> list[Tensor]:
+    """Dense gradients ``Σ_k w_k ξ_k`` from a lazy estimate: each ξ_k regenerated from its
+    seeds, or taken from ``directions[k]`` when the step already drew it (the same tensors,
+    so the same sums bit for bit)."""
     grads = [torch.zeros_like(p) for p in params]
     for k, w in enumerate(weights.tolist()):
         if w == 0.0:
             continue
         for i, p in enumerate(params):
-            xi = distribution.sample(seeds[k][i], p.shape, dtype=p.dtype, device=p.device)
+            xi = (directions[k][i] if directions is not None
+                  else distribution.sample(seeds[k][i], p.shape, dtype=p.dtype, device=p.device))
             grads[i].add_(xi * w)
     return grads
+
+
+def draw_directions(params: list[Tensor], distribution: Distribution,
+                    seeds: list[list[int]]) -> list[list[Tensor]]:
+    """``ξ_k`` for every row of seeds and every tensor, each drawn once (cached mode)."""
+    return [[distribution.sample(row[i], p.shape, dtype=p.dtype, device=p.device)
+             for i, p in enumerate(params)] for row in seeds]
 
 
 def loss_value(loss) -> float:

@@ -25,7 +25,8 @@ import torch
 
 from ..objective import Objective
 from ..perturb import perturb_, restore_
-from .base import Estimate, QueryContext, check_mu, check_positive_int, loss_value, materialize
+from .base import (Estimate, QueryContext, check_mu, check_positive_int, draw_directions,
+                   loss_value, materialize)
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,15 @@ class WeightPerturbation:
             return self._estimate_per_sample(ctx)
         seeds = [[ctx.seed_for(q, i) for i in range(len(ctx.params))]
                  for q in range(self.num_queries)]
+        directions = _draw_cached(ctx, seeds) if ctx.mode == "cached" else None
         base, losses, forwards = _evaluate(ctx, ctx.closure, seeds, self._points(self.num_queries),
-                                           need_base=not self.two_sided)
+                                           need_base=not self.two_sided, directions=directions)
         coef, valid = self._coefficients(base, losses, self.num_queries)
         nvalid = int(valid.sum())
         weights = coef / max(nvalid, 1)
         loss = base if not self.two_sided else _mean_finite(losses)
-        return self._finish(ctx, loss, forwards, weights, seeds, nvalid, self.num_queries)
+        return self._finish(ctx, loss, forwards, weights, seeds, nvalid, self.num_queries,
+                            directions)
 
     def _estimate_per_sample(self, ctx: QueryContext) -> Estimate:
         objective = _require_objective(ctx, "per_sample weight perturbation")
@@ -117,15 +120,17 @@ class WeightPerturbation:
         return self._finish(ctx, _mean_finite(losses0), forwards // n_samples, w, seeds, nvalid,
                             n_samples * q_per)
 
-    def _finish(self, ctx, loss, forwards, weights, seeds, nvalid, ndirs) -> Estimate:
+    def _finish(self, ctx, loss, forwards, weights, seeds, nvalid, ndirs,
+                directions=None) -> Estimate:
         dim = sum(p.numel() for p in ctx.params)
         est = Estimate(loss=loss, forward_passes=forwards, queries=ndirs, dropped=ndirs - nvalid,
                        num_directions=[max(nvalid, 1)] * len(ctx.params),
-                       dims=[dim] * len(ctx.params), weights=weights, seeds=seeds)
+                       dims=[dim] * len(ctx.params), weights=weights, seeds=seeds,
+                       directions=directions)
         if self.sign_estimate:
-            grads = materialize(ctx.params, ctx.distribution, weights, seeds)
+            grads = materialize(ctx.params, ctx.distribution, weights, seeds, directions)
             est.grads = [torch.sign(g) for g in grads] if nvalid else [torch.zeros_like(g) for g in grads]
-            est.weights = est.seeds = None
+            est.weights = est.seeds = est.directions = None
         return est
 
 
@@ -142,9 +147,14 @@ def _require_objective(ctx: QueryContext, what: str):
     return ctx.closure
 
 
-def _evaluate(ctx: QueryContext, closure, seeds, points, *, need_base: bool):
-    """Loss at θ (if needed) and at every point ``θ + α ξ_q``; returns (base, losses, forwards)."""
-    if ctx.mode == "batched":
+def _evaluate(ctx: QueryContext, closure, seeds, points, *, need_base: bool, directions=None):
+    """Loss at θ (if needed) and at every point ``θ + α ξ_q``; returns (base, losses, forwards).
+
+    ``directions`` (cached mode): the ``ξ_q`` already drawn, one list of tensors per query."""
+    if directions is not None:
+        base = loss_value(closure()) if need_base else float("nan")
+        losses = _losses_cached(closure, ctx, directions, points)
+    elif ctx.mode == "batched":
         objective = _require_objective(ctx, "batched mode")
         base = float(objective()) if need_base else float("nan")
         losses = _losses_batched(objective, ctx, seeds, points)
@@ -169,6 +179,36 @@ def _losses_lean(closure, ctx: QueryContext, seeds, points) -> list[float]:
             for i, rep in enumerate(repairs):
                 restore_(ctx.params[i].data, dist, seeds[q][i], _alpha_for(ctx.params[i], alpha),
                          rep)
+    return out
+
+
+def _draw_cached(ctx: QueryContext, seeds) -> list[list]:
+    """Every direction of the step, drawn once (cached mode: float tensors only)."""
+    for i, p in enumerate(ctx.params):
+        if not p.is_floating_point():
+            raise TypeError(f"cached mode perturbs floating-point tensors; {ctx.names[i]} is "
+                            f"{p.dtype} (integer tensors need mode='lean')")
+    return draw_directions(ctx.params, ctx.distribution, seeds)
+
+
+def _losses_cached(closure, ctx: QueryContext, directions, points) -> list[float]:
+    """Lean mode's losses from directions drawn once per step.
+
+    Each perturbed tensor is written as ``θ + (α·ξ_q)`` from one copy of ``θ`` kept for the
+    step, the same two roundings as :func:`~bpfree.perturb.perturb_`, so the model sees the
+    same bits as in lean mode; ``θ`` is restored by copying it back (bit-exact) instead of
+    subtracting a regenerated direction and repairing the inexact entries."""
+    kept = [p.detach().clone() for p in ctx.params]
+    out = []
+    try:
+        for q, alpha in points:
+            for p, theta, xi in zip(ctx.params, kept, directions[q]):
+                torch.add(theta, xi * alpha, out=p.data)
+            with torch.no_grad():
+                out.append(loss_value(closure()))
+    finally:
+        for p, theta in zip(ctx.params, kept):
+            p.data.copy_(theta)
     return out
 
 

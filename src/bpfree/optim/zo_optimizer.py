@@ -34,6 +34,13 @@ Execution modes give the same estimate for the same seeds:
   direction from its seed; extra memory is O(Q) scalars (plus a sparse repair list of the
   few float entries whose round trip is inexact). When no tensor transform is used, the
   update itself is applied from the seeds too, so no gradient buffer ever exists.
+* ``cached``: lean mode's arithmetic with memory traded for time (weight perturbation; other
+  estimators run as in lean mode): the step's ``Q`` directions are drawn once and kept,
+  the tensors are perturbed from one copy of θ kept for the step and restored from it, and
+  the update reuses the drawn directions. Every perturbed tensor, loss and update is
+  bit-identical to lean mode's; extra memory is ``(Q + 1)·d`` values instead of O(Q)
+  scalars, and a step draws each direction once instead of three times (perturb, restore,
+  update).
 * ``batched``: evaluate many perturbed parameter sets in one vectorized forward
   (``vmap`` + ``functional_call``, or stacked perturbed activations for node perturbation).
 
@@ -59,7 +66,7 @@ from ..updates import (UPDATE_RULES, fixed_point_update, integer_update_, qmax, 
 from ..transforms import TensorInfo, split_transforms
 from .params import owners
 
-MODES = ("lean", "batched")
+MODES = ("lean", "cached", "batched")
 #: Tensor dtypes the integer update rules accept.
 INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32)
 
@@ -124,7 +131,7 @@ class ZOOptimizer(torch.optim.Optimizer):
         distribution: direction distribution object or name (``bpfree.perturb``).
         transforms: scale and tensor transforms applied in order (``bpfree.transforms``).
         schedule: callable ``step -> multiplier`` of ``lr`` (``bpfree.transforms.cosine``...).
-        mode: ``"lean"`` or ``"batched"``.
+        mode: ``"lean"``, ``"cached"`` or ``"batched"``.
         seed: run seed from which every direction is derived.
         chunk_size: most parameter sets stacked in one batched forward (memory bound).
     """
@@ -366,14 +373,20 @@ class ZOOptimizer(torch.optim.Optimizer):
             # Apply Σ_k w_k ξ_k straight from the seeds: no gradient buffer (MeZO / PMT Alg. 1).
             reach = sum(abs(w) for w in est.weights.tolist()) * self._direction_bound()
             self._check_reach(params, names, lrs, [reach] * len(params))
+            drawn = est.directions
             for k, w in enumerate(est.weights.tolist()):
                 if w == 0.0:
                     continue
                 for j, p in enumerate(params):
-                    add_direction_(p.data, self.distribution, seeds[k][j], -lrs[j] * w)
+                    if drawn is None:
+                        add_direction_(p.data, self.distribution, seeds[k][j], -lrs[j] * w)
+                    else:  # add_direction_'s arithmetic on the direction drawn this step
+                        p.data.add_(drawn[k][index[j]] * (-lrs[j] * w))
             return True
+        drawn = (None if est.directions is None
+                 else [[row[j] for j in index] for row in est.directions])
         grads = ([est.grads[j] for j in index] if not est.is_lazy
-                 else materialize(params, self.distribution, est.weights, seeds))
+                 else materialize(params, self.distribution, est.weights, seeds, drawn))
         if any(g is None for g in grads):
             missing = [names[j] for j, g in enumerate(grads) if g is None]
             raise RuntimeError(f"the estimator produced no gradient for {missing}")

@@ -86,8 +86,9 @@ class ZOTrainer(ZOMethod):
         distribution: direction distribution (``bpfree.perturb``); Gaussian as in RGE.
         params: names (or ``(name, tensor)`` pairs) to train; default every parameter with
             ``requires_grad``.
-        mode: ``"lean"`` (perturb in place) or ``"batched"`` (``vmap`` many parameter sets;
-            CGE on a layered (TT-)MLP: :class:`~bpfree.ttzo.LayerwiseCGE`).
+        mode: ``"lean"`` (perturb in place), ``"cached"`` (RGE/signRGE: lean's weights bit
+            for bit, each direction drawn once per step) or ``"batched"`` (``vmap`` many
+            parameter sets; CGE on a layered (TT-)MLP: :class:`~bpfree.ttzo.LayerwiseCGE`).
         loss_fn: per-sample loss ``(outputs, targets) -> [B]``; default cross-entropy.
     """
 
@@ -247,9 +248,9 @@ class HybridZO:
         cge_central, cge_coordinates: CGE variant (central differences / random subset).
         cge_lr_scale: multiplier of the step size in the CGE phase (default 1.0, §5.1).
         mode, cge_mode: execution mode of the signRGE phase, and of the CGE phase (default:
-            ``mode``); ``"batched"`` CGE evaluates a layered (TT-)MLP's ``d + 1`` points by
-            layer linearity (:class:`~bpfree.ttzo.LayerwiseCGE`), the same losses up to
-            float rounding.
+            ``mode``; cached CGE runs as lean); ``"batched"`` CGE evaluates a layered
+            (TT-)MLP's ``d + 1`` points by layer linearity
+            (:class:`~bpfree.ttzo.LayerwiseCGE`), the same losses up to float rounding.
         Others as in :class:`ZOTrainer`.
     """
 

@@ -6,7 +6,9 @@
 CGE (alone or as the hybrid's second phase) runs in batched mode unless told otherwise: its
 ``d + 1`` losses per step then come from one forward plus the layers after each coordinate
 (:class:`~bpfree.ttzo.LayerwiseCGE`), equal to the lean ones up to float rounding, instead
-of ``d + 1`` full forwards per step.
+of ``d + 1`` full forwards per step. RGE and signRGE (alone or as the hybrid's first phase)
+run in cached mode unless told otherwise: each step draws its ``N`` directions once instead
+of three times, with weights bit-identical to lean mode's (:class:`~bpfree.optim.ZOOptimizer`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ def make_method(name: str, model: torch.nn.Module, *, seed: int = 0, **kwargs):
     if name == "fo":
         return BPTrainer(model, "sgd", **kwargs)
     if name in ("rge", "sign_rge"):
+        kwargs.setdefault("mode", "cached")
         return ZOTrainer(model, name, seed=seed, **kwargs)
     if name == "cge":
         kwargs.setdefault("momentum", 0.9)
         kwargs.setdefault("mode", "batched")
         return ZOTrainer(model, "cge", seed=seed, **kwargs)
     if name == "hybrid":
+        kwargs.setdefault("mode", "cached")
         kwargs.setdefault("cge_mode", "batched")
         return HybridZO(model, seed=seed, **kwargs)
     if name == "fg-w":
