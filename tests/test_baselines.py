@@ -115,3 +115,15 @@ def test_pmt_old_paths_reexport_the_new_homes():
     _same_objects("bpfree.pmt.update", {
         name: "bpfree.updates.integer_layer" for name in (
             "INT32_MAX", "INT32_MIN", "LayerEstimate", "apply_update", "quantization_aware_scales")})
+
+
+def test_tinyfoa_old_paths_reexport_the_new_homes():
+    _same_objects("bpfree.tinyfoa.baselines", {
+        **{name: "bpfree.baselines.local_rules" for name in ("BP", "DRTP", "FF", "PEPITA")},
+        "make_method": "bpfree.tinyfoa.baselines"})
+    import bpfree.quant.binary as binary
+
+    _same_objects("bpfree.tinyfoa.binary", {name: "bpfree.quant.binary" for name in binary.__all__})
+    _same_objects("bpfree.tinyfoa.variants", {
+        **{name: "bpfree.baselines.variants" for name in ("BASES", "Variant", "parse_variant")},
+        **{name: "bpfree.tinyfoa.variants" for name in ("TABLE1", "TABLE2", "TABLE3")}})

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from bpfree.memory import measure_peak
+from bpfree.quant.binary import BinarizeWeight, SignSTE, binarize_weight, sign
 from bpfree.tinyfoa import (BP, DRTP, FF, PAPER_TABLE1, PEPITA, TABLE1, TABLE2, BinaryLinear,
                             LocallyConnected2d, SlicedLC, TinyFoA, fc_shape, fit_epochs,
                             make_method, paper_table1, parse_variant, phase_mb)
 from bpfree.tinyfoa.accounting import lc_shape, phase_bytes
-from bpfree.tinyfoa.binary import BinarizeWeight, SignSTE, binarize_weight, sign
 
 
 # -- binarisation -------------------------------------------------------------------------

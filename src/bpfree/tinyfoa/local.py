@@ -27,37 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .binary import activate, activation_grad_mask, sign
-from .variants import Variant, parse_variant
+from ..baselines.variants import Variant, check_batch, check_slices, parse_variant
+from ..quant.binary import activate, activation_grad_mask, sign
 
 __all__ = ["FlashStore", "SlicedFC", "SlicedLC", "TinyFoA", "check_slices"]
-
-
-def check_batch(x: torch.Tensor, y: torch.Tensor, in_features: int, n_classes: int,
-                labels_for: str) -> None:
-    """Clear errors for a batch a network cannot take: inputs of ``in_features`` values, one
-    label per input, labels in ``[0, n_classes)`` (``labels_for`` says what they must fit)."""
-    if x.dim() < 1 or x[0].numel() != in_features:
-        raise ValueError(f"each input must have {in_features} values (the first "
-                         f"layer's input size), got shape {tuple(x.shape)}")
-    if y.dim() != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"labels must be one class index per input: expected shape "
-                         f"({x.shape[0]},), got {tuple(y.shape)}")
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_classes):
-        raise ValueError(f"labels must lie in [0, {n_classes}) {labels_for}, got "
-                         f"[{int(y.min())}, {int(y.max())}]")
-
-
-def check_slices(m: int, sizes: dict[str, int]) -> int:
-    """Validate the slice count ``m`` against named sizes it must divide; returns ``m``."""
-    if isinstance(m, bool) or not isinstance(m, int):
-        raise TypeError(f"the slice count M must be an int, got {type(m).__name__}")
-    if m < 1:
-        raise ValueError(f"the slice count M must be >= 1, got {m}")
-    bad = [f"{k} = {v}" for k, v in sizes.items() if v % m]
-    if bad:
-        raise ValueError(f"M = {m} slices do not divide " + ", ".join(bad))
-    return m
 
 
 class FlashStore:
