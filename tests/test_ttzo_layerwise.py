@@ -124,3 +124,26 @@ def test_make_method_runs_cge_batched_and_layerwise():
     assert cge.optimizer.mode == "batched" and isinstance(cge.estimator, LayerwiseCGE)
     assert hybrid.fine.optimizer.mode == "batched" and hybrid.coarse.optimizer.mode == "cached"
     assert isinstance(hybrid.fine.estimator, CoordinateWise)
+
+
+@pytest.mark.parametrize("build", [_small_tt, _small_masked], ids=["tt-mlp", "masked-mlp"])
+def test_first_layer_shortcut_runs_no_later_layer_and_equals_the_full_rest(build, monkeypatch):
+    """A first-layer coordinate of a two-layer net changes only the outputs its column touches:
+    the shortcut never runs the last layer and gives the losses of running it (float64)."""
+    from bpfree.ttzo import layerwise
+
+    model = build()
+    x, y = _batch()
+    layers = layerwise._layers(model)
+    first = [p for p in layers[0].parameters()]
+    points = [(i, j, 0.05) for i, p in enumerate(first) for j in range(p.numel())]
+    calls = []
+    hook = layers[-1].register_forward_hook(lambda *a: calls.append(1))
+    base, fast = layerwise_losses(Objective(model, x, y), first, points)
+    assert len(calls) == 1  # the base forward only
+    monkeypatch.setattr(layerwise, "_tail", lambda *a: None)
+    base2, full = layerwise_losses(Objective(model, x, y), first, points)
+    hook.remove()
+    assert len(calls) > 1 and base == base2
+    torch.testing.assert_close(torch.tensor(fast), torch.tensor(full), rtol=0, atol=1e-12)
+    assert max(abs(v - base) for v in fast) > 1e-4

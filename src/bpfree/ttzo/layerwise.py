@@ -18,6 +18,14 @@ perturbed output is formed as ``z + δ·col`` instead of from the perturbed weig
 cost per coordinate is the rest of the network after its layer instead of the whole
 network.
 
+When the rest is element-wise activations ``σ`` and one last (TT-)linear layer ``W'``
+(every coordinate of a two-layer MLP's or TT-MLP's first layer), only the outputs ``S`` that
+the column touches change: ``{i}`` for ``W_ij`` and ``b_i``, the ``M / m_k`` outputs whose
+``k``-th digit is ``μ`` for a core entry. The network output is then
+``y + W'[:, S]·(σ(z_S + δ·col_S) − σ(z_S))``, formed from the cached ``y`` and the dense
+``W'`` (the same linearity; again equal up to float rounding), at a cost of ``|S|`` columns
+of ``W'`` per sample instead of the whole of ``z`` and ``W'``.
+
 Models it understands: an ``nn.Sequential`` of ``nn.Linear``, :class:`~bpfree.tt.TTLinear`
 and element-wise activations, or a :class:`~bpfree.ttzo.MaskedModel` around one (its kept
 values are positions in the dense weight). Anything else falls back to
@@ -151,11 +159,35 @@ def layerwise_losses(objective: Objective, params, points) -> tuple[float, list[
             jac = _core_columns(layer, a, k)
             idx = _unravel(flat, layer.cores[k].shape)
             split = (math.prod(layer.out_factors[:k]), layer.out_factors[k], -1)
+        tail = _tail(layers, li)
         chunk = max(1, _CHUNK_ELEMS // (B * M))
         for start in range(0, len(members), chunk):
             sel = slice(start, start + chunk)
             j, d = flat[sel], deltas[sel]
             C = j.numel()
+            if tail is not None:
+                acts_after, last = tail
+                if kind == "core":
+                    alpha, mu, nu, beta = (t[sel] for t in idx)
+                    cols = jac[:, :, alpha, nu, beta, :].permute(2, 0, 1, 3)  # (C, B, M_<, M_>)
+                    zs = z.view(B, *split).permute(2, 0, 1, 3)[mu]           # (C, B, M_<, M_>)
+                    ws = last.view(last.shape[0], *split).permute(2, 0, 1, 3)[mu]  # (C, M', M_<, M_>)
+                    zs_new = zs + d[:, None, None, None] * cols
+                    change = "cbij,coij->cbo"
+                else:
+                    i_out = j if kind == "bias" else j // a.shape[-1]
+                    zs = z[:, i_out].T                                       # (C, B)
+                    ws = last[:, i_out].T                                    # (C, M')
+                    zs_new = zs + (d[:, None] if kind == "bias"
+                                   else d[:, None] * a[:, j % a.shape[-1]].T)
+                    change = "cb,co->cbo"
+                for m in acts_after:
+                    zs_new, zs = m(zs_new), m(zs)
+                h = (outs[-1] + torch.einsum(change, zs_new - zs, ws)).reshape(C * B, -1)
+                per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
+                for n, value in zip(members[sel], per):
+                    losses[n] = value
+                continue
             rows = torch.arange(C, device=z.device)
             zc = z.unsqueeze(0).repeat(C, 1, 1)
             if kind == "bias":
@@ -174,6 +206,19 @@ def layerwise_losses(objective: Objective, params, points) -> tuple[float, list[
             for n, value in zip(members[sel], per):
                 losses[n] = value
     return base, losses
+
+
+def _tail(layers, li):
+    """``(activations, dense W')`` when the layers after ``li`` are element-wise activations
+    and one last (TT-)linear layer (the module docstring's shortcut), else None. Read after
+    the base forward, so a masked layer's dense weight is the current one."""
+    rest = layers[li + 1:]
+    if not rest or not isinstance(rest[-1], (nn.Linear, TTLinear)) \
+            or not all(isinstance(m, ELEMENTWISE) for m in rest[:-1]):
+        return None
+    last = rest[-1]
+    w = last.dense_weight() if isinstance(last, TTLinear) else last.weight
+    return rest[:-1], w.detach()
 
 
 def _unravel(flat: torch.Tensor, shape) -> tuple[torch.Tensor, ...]:
