@@ -404,6 +404,47 @@ def test_pmt_d_w_excludes_the_bias_as_the_trainer_does():
     assert r.parts["gradient_buffers"] == (12 + 3) * 4  # NP: weight + bias (Eq. 10)
 
 
+def test_pmt_step_overhead_is_the_rules_gradient_buffer():
+    """PMT's memory claim (§3.2.2, Table 3 NP (Efficient) "+ d_w"): beyond inference, a step
+    holds one gradient buffer, that of the largest trainable layer, not one per layer and not
+    BP's saved activations. Measured (:func:`measure_peak`) on an int8 MLP whose two large
+    NP layers are of similar size (holding both buffers would double the overhead), against
+    the ``pmt`` rule at the simulator's bytes per value: PMTTrainer accumulates estimates in
+    float64 (read off an estimate below), the rule's default is the MCU's fp32."""
+    from bpfree.pmt import (PMTConfig, PMTTrainer, StagedModel, estimate_group, find_layers,
+                            per_sample_loss)
+    from bpfree.quant import quantize_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(256, 384), nn.ReLU(), nn.Linear(384, 256),
+                          nn.ReLU(), nn.Linear(256, 10))
+    x, y = torch.rand(2, 256), torch.tensor([3, 7])
+    q = quantize_model(model, torch.rand(64, 256), input_range=(0.0, 1.0))
+    trainer = PMTTrainer(q, PMTConfig(queries=2), example=x)
+    assert set(trainer.modes.values()) == {"np"}
+    xq = trainer.staged.quantize(x)
+    trainer.step(xq, y, lr=0.0)  # lr 0: the weights stay, the buffers are all made
+    _, inference = measure_peak(lambda: q.forward_int(xq))
+    _, step = measure_peak(lambda: trainer.step(xq, y, lr=0.0))
+    overhead = step.peak_bytes - inference.peak_bytes
+
+    staged = StagedModel(q)
+    loss = per_sample_loss(staged.clean(xq), y, q.output_quant)
+    layer = find_layers(q, x)[0]
+    est = estimate_group(staged, [(layer, "np")], [0], y, loss, queries=1, seed=0)
+    grad_bytes = est[layer.name].weight.element_size()
+    assert grad_bytes == 8
+    rule = analytic(model, "pmt", example_input=x, num_queries=2, grad_bytes=grad_bytes)
+    buffer = rule.parts["gradient_buffers"]
+    assert buffer == (256 * 384 + 384) * grad_bytes  # the largest layer, weight + bias
+    assert abs(overhead - buffer) <= 0.1 * buffer, (overhead, buffer)
+    # At its default the rule counts the MCU's 4 B per value: half of what is measured here.
+    assert analytic(model, "pmt", example_input=x, num_queries=2).parts[
+        "gradient_buffers"] * 2 == buffer
+    with pytest.raises(ValueError, match="grad_bytes must be an int >= 1"):
+        analytic(model, "pmt", example_input=x, grad_bytes=0)
+
+
 def test_layer_memory_hand_counts(conv_profile):
     """Per-layer bytes of the hand-counted conv model (N=2, int8): live set, BP's saved
     input, PMT's peak and gradient buffer, and that they add up to the rules' totals."""

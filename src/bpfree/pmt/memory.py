@@ -87,8 +87,9 @@ def _pmt_layer_peak(profile: ModelProfile, live: list[int], i: int, mode: str,
 
 
 def _pmt_common(name: str, profile: ModelProfile, *, batch_size: int, num_queries: int,
-                dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+                dtype_bytes: int, trainable: frozenset[str], grad_bytes: int) -> MemoryReport:
     n, q = batch_size, num_queries
+    grad_bytes = positive_int("grad_bytes", grad_bytes)
     live = live_per_layer(profile, n)
     inference_peak = max(live, default=0)
     peak, grad, query_losses, any_np = inference_peak, 0, 0, False
@@ -105,13 +106,13 @@ def _pmt_common(name: str, profile: ModelProfile, *, batch_size: int, num_querie
         parameters=_quantized_parameters_bytes(profile, dtype_bytes),
         activations=inference_peak * dtype_bytes,
         saved_activations=(peak - inference_peak) * dtype_bytes,
-        gradient_buffers=grad * GRAD_BYTES,
+        gradient_buffers=grad * grad_bytes,
         seeds_losses=seeds_losses_bytes(1 if indices else 0, clean_losses + query_losses),
     ))
 
 
 def pmt_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,
-             trainable: frozenset[str]) -> MemoryReport:
+             trainable: frozenset[str], grad_bytes: int = GRAD_BYTES) -> MemoryReport:
     """PMT: layer-wise adaptive WP/NP with the memory-efficient schedule (Algorithm 1).
 
     Layers are visited one at a time; trainable layer i uses WP if d_w(i) < d_a(i) else
@@ -131,20 +132,27 @@ def pmt_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_
       later swapped with the old θ^(i) for the line-34 recompute, §3.2.2), fp32/int32,
       max over trainable layers of the layer's trainable weight + bias elements — Table 3
       NP (Efficient) "+ d_w"; WP needs it too because θ^(i) is updated after all Q queries
-      (line 33; for a WP layer the weights only, :func:`_pmt_grad_numel`);
+      (line 33; for a WP layer the weights only, :func:`_pmt_grad_numel`), at ``grad_bytes``
+      per value: :data:`GRAD_BYTES` (4, the MCU's fp32 / int32 accumulator) by default; 8
+      describes bpfree's simulator, whose :class:`bpfree.pmt.PMTTrainer` accumulates the
+      estimate in float64 (what :func:`bpfree.memory.measure_peak` sees);
     - seeds_losses: one uint32 seed per layer (Algorithm 1 lines 8 / 18: ξ is regenerated
       from S by resetting the RNG), the clean losses (N per-sample losses if any layer uses
       NP, else the batch loss) and the query losses of one layer (Q batch losses for WP —
       the perturbation is shared across the batch, §4.1 — or N·Q sample losses for NP) —
       Table 3 WP (Efficient) L·Q and NP (Efficient) N·L·Q, for the one layer in flight.
-    No trainable copy and no optimizer state (ZO-SGD without momentum, §4.1).
+    No trainable copy and no optimizer state (ZO-SGD without momentum, §4.1). Not counted: the
+    copy of a WP layer's int8 weights that the simulator and the generated C
+    (:mod:`bpfree.device.plan`) keep while perturbing it, because a weight saturated at
+    +-127 cannot be restored by subtracting the direction (Table 3 assumes it can).
     """
     return _pmt_common("pmt", profile, batch_size=batch_size, num_queries=num_queries,
-                       dtype_bytes=dtype_bytes, trainable=trainable)
+                       dtype_bytes=dtype_bytes, trainable=trainable, grad_bytes=grad_bytes)
 
 
 def pmt_sparse_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
-                    dtype_bytes: int, trainable: frozenset[str]) -> MemoryReport:
+                    dtype_bytes: int, trainable: frozenset[str],
+                    grad_bytes: int = GRAD_BYTES) -> MemoryReport:
     """PMT sparse training (§3.3): :func:`pmt_rule` with only the ``trainable`` subset
     (e.g. one of four blocks, §3.3.1) perturbed, buffered and updated.
 
@@ -153,7 +161,7 @@ def pmt_sparse_rule(profile: ModelProfile, *, batch_size: int, num_queries: int,
     before the first trainable layer runs once (:func:`macs_per_iteration`).
     """
     return _pmt_common("pmt-sparse", profile, batch_size=batch_size, num_queries=num_queries,
-                       dtype_bytes=dtype_bytes, trainable=trainable)
+                       dtype_bytes=dtype_bytes, trainable=trainable, grad_bytes=grad_bytes)
 
 
 def mezo_rule(profile: ModelProfile, *, batch_size: int, num_queries: int, dtype_bytes: int,

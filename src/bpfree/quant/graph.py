@@ -178,8 +178,10 @@ class StagedModel:
             estimates = [estimate(layer) for layer in group]
             self.advance(stage)
             current = stage + 1
-            for layer, est in zip(group, estimates):
-                finish(layer, est)
+            for layer in group:
+                # Popped, not iterated: a name still holding a finished stage's estimates
+                # would keep their buffers alive through the next stage's estimation.
+                finish(layer, estimates.pop(0))
 
     @torch.no_grad()
     def from_stage(self, k: int, h: torch.Tensor | None = None) -> torch.Tensor:
