@@ -182,17 +182,26 @@ def test_sparse_grid_stein_against_smoothed_and_ad():
     assert (l_sub - l_sub_ad).abs().max() < 5e-2
 
 
-def test_stein_mc_against_smoothed():
+def _rms(t):
+    return float(t.pow(2).mean().sqrt())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stein_mc_against_smoothed(seed):
+    """SteinMC converges to the derivatives of the σ-smoothed function (and, up to the O(σ²)
+    smoothing bias, to AD's). Tolerances from the spread over seeds 0-29 at M = 20000, as
+    mean + 5 sd of the RMS error over the 12 gradient / 12 Laplacian entries:
+    vs smoothed, gradient 0.020 ± 0.007 (max 0.040), Laplacian 0.108 ± 0.055 (max 0.293);
+    vs AD, gradient 0.032 ± 0.009 (max 0.066), Laplacian 0.127 ± 0.063 (max 0.374).
+    The RMS of the smoothed values themselves is 1.24 (gradient) and 3.34 (Laplacian)."""
     sigma = 0.1
-    se = SteinMC(sigma=sigma, num_samples=20000, seed=0)
+    se = SteinMC(sigma=sigma, num_samples=20000, seed=seed)
     g, l = se(sines, X)
     assert se.evaluations(D) == 40001
     gs, ls = sines_derivatives(X, sigma)
-    assert (g - gs).abs().max() < 0.1       # MC: error ~ |∇u| sqrt(D / M) + ...
-    assert (l - ls).abs().max() < 0.5
-    g0, l0 = AutoDiff()(sines, X)           # + the O(σ²) smoothing bias against AD
-    assert (g - g0).abs().max() < 0.15
-    assert (l - l0).abs().max() < 0.6
+    assert _rms(g - gs) < 0.055 and _rms(l - ls) < 0.38, (_rms(g - gs), _rms(l - ls))
+    g0, l0 = AutoDiff()(sines, X)
+    assert _rms(g - g0) < 0.078 and _rms(l - l0) < 0.44, (_rms(g - g0), _rms(l - l0))
 
 
 def test_sparse_grid_beats_monte_carlo_at_equal_evaluations():
