@@ -127,17 +127,32 @@ def test_sign_spsa_coefficients_are_signs_of_directional_derivatives():
         assert est.weights[k].item() == pytest.approx(expected)
 
 
-def test_sign_rge_is_the_sign_of_rge_and_follows_the_gradient():
-    """Same seeds: exactly sign(RGE). With many queries the signs agree with the analytic
-    gradient's on most of the 20 coordinates (a sign estimate that ignored the gradient would
-    agree on about half)."""
+def test_sign_rge_is_the_sign_of_rge():
     f = Quadratic()
     c1, c2 = ctx_for([f.theta], f), ctx_for([f.theta], f)
     g = dense(sign_rge(10, 1e-3).estimate(c1), c1)[0]
     assert torch.equal(g, torch.sign(dense(rge(10, 1e-3).estimate(c2), c2)[0]))
-    many = ctx_for([f.theta], f)
-    g = dense(sign_rge(400, 1e-3).estimate(many), many)[0]
-    assert float((g == torch.sign(f.grad())).double().mean()) >= 0.9
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sign_rge_agrees_with_the_gradient_signs_as_rge_noise_predicts(seed):
+    """With Rademacher directions, RGE's coordinate i is g_i plus noise of variance
+    sum_{j != i} g_j^2 / Q (nearly normal at Q = 400), so sign-RGE matches sign(g_i) with
+    probability p_i = Phi(|g_i| sqrt(Q) / sqrt(|g|^2 - g_i^2)). The agreement rate over the
+    d = 200 coordinates is compared with mean(p_i) in units of its binomial spread
+    sqrt(sum p_i (1 - p_i)) / d. Measured on seeds 0-29: z-scores of mean 0.02, sd 1.12,
+    |z| <= 2.27, so |z| <= 4 holds with margin; a sign estimate blind to the gradient
+    (agreement 0.5 against an expected ~0.8) sits near z = -11."""
+    d, queries = 200, 400
+    f = Quadratic(d=d, seed=seed)
+    ctx = ctx_for([f.theta], f, step=seed)
+    g = dense(sign_rge(queries, 1e-3).estimate(ctx), ctx)[0]
+    true = f.grad()
+    rate = float((g == torch.sign(true)).double().mean())
+    noise = (true.pow(2).sum() - true.pow(2)).sqrt() / math.sqrt(queries)
+    p = 0.5 * (1 + torch.erf(true.abs() / noise / math.sqrt(2)))
+    z = (rate - float(p.mean())) / float((p * (1 - p)).sum().sqrt() / d)
+    assert abs(z) <= 4, (rate, float(p.mean()), z)
 
 
 def _mlp64():

@@ -60,7 +60,11 @@ def test_run_task_smoke(model, method, kwargs):
     pickle.dumps(out)
     log = out["log"]
     assert len(log["val_acc"]) == 2 and out["steps"] == 4
-    assert all(0.0 <= a <= 100.0 for a in log["val_acc"])
+    # Scored on the 128 validation images (whole hits out of n_val), and keep_best restores
+    # the first epoch of the best validation accuracy.
+    assert all((a * TINY["n_val"] / 100).is_integer() for a in log["val_acc"]), log["val_acc"]
+    assert log["best_epoch"] == log["val_acc"].index(max(log["val_acc"]))
+    assert (out["test_acc"] * TINY["n_test"] / 100).is_integer()
     if method == "sign_rge":
         assert out["batch_forwards"] == 4 * 11 == log["batch_forwards"][-1]
     if method == "hybrid":

@@ -332,9 +332,20 @@ def test_bp_finetune_vit_episode():
     res = evaluate_episodes(None, eps, "protonet",
                             finetune=lambda e: bp_finetune(m, e, "full", epochs=2, lr=1e-3))
     assert res.accuracies.shape == (2,)
-    res = evaluate_episodes(None, eps, "head", finetune=lambda e: bp_finetune(
-        m, e, "linear-probe", epochs=2, output="logits"))
-    assert 0.0 <= res.mean <= 1.0
+    tuned = []
+
+    def probe(e):
+        tuned.append(bp_finetune(m, e, "linear-probe", epochs=2, output="logits"))
+        return tuned[-1]
+
+    res = evaluate_episodes(None, eps, "head", finetune=probe)
+    # Each episode's score is the fraction of its queries whose logits' argmax is the label,
+    # counted here with the fine-tuned function evaluate_episodes was given.
+    with torch.no_grad():
+        hits = [float((fn(e.query_x).argmax(1) == e.query_y).double().mean())
+                for fn, e in zip(tuned, eps)]
+    assert res.accuracies.tolist() == pytest.approx(hits)
+    assert res.mean == pytest.approx(sum(hits) / len(hits))
 
 
 # --------------------------------------------------------------------------- head temperature
