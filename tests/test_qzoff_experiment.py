@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from _qzoff_experiment import BPAdamW, build_backbone, ff_config, run_task, train_head
+from _qzoff_experiment import (BPAdamW, build_backbone, ff_config, load_images, run_task,
+                               train_head)
 
-from bpfree.fewshot import prototype_head
+from bpfree.fewshot import prototype_head, sample_episodes
 from bpfree.qzoff import PRECISIONS, QZOFF, frozen_features
 
 
@@ -154,9 +155,6 @@ def test_fewshot_and_ood_tasks_on_mnist():
     assert all(len(v) == 2 for v in out["accuracies"].values())
     # Zero-shot, recomputed here: nearest class mean of the backbone's features (squared
     # Euclidean) on episodes 1 and 2 of the same draw; the methods score 5 x 15 queries.
-    from bpfree.fewshot import sample_episodes
-    from bpfree.qzoff.experiment import load_images
-
     images, labels = load_images("mnist", "test", (5, 6, 7, 8, 9))
     episodes = sample_episodes(images, labels, (5, 6, 7, 8, 9), n_way=5, k_shot=5, n_query=15,
                                episodes=3, seed=0)

@@ -430,7 +430,7 @@ TRAINERS = {
     "hybrid": (lambda m, s: HybridZO(m, num_queries=20, patience=1, threshold=0.2,
                                      mode="batched", chunk_size=256, seed=s), 2e-2,
                (0.087, 0.018)),
-    "fg_w": (lambda m, s: ForwardGradientW(m, num_directions=4, seed=s), 0.1, (0.083, 0.028)),
+    "fg_w": (lambda m, s: ForwardGradientW(m, num_queries=4, seed=s), 0.1, (0.083, 0.028)),
     "fg_a": (lambda m, s: ForwardGradientA(m, seed=s), 0.2, (0.140, 0.036)),
     "fa": (lambda m, s: FeedbackAlignment(m, seed=s), 0.5, (0.333, 0.061)),
     "dfa": (lambda m, s: DirectFeedbackAlignment(m, seed=s), 0.5, (0.434, 0.076)),
