@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bpfree.plotting import pyplot, save_figure
+from bpfree.bench import parallel
 from bpfree.bench.parallel import default_workers, run_keyed, spawn_pool
 
 
@@ -30,7 +31,15 @@ def test_bad_arguments():
         spawn_pool(0)
     with pytest.raises(ValueError, match="limit must be >= 1"):
         default_workers(0)
-    assert 1 <= default_workers(2) <= 2
+
+
+@pytest.mark.parametrize("cores, limit, expected", [(16, 2, 2), (1, 2, 1), (None, 4, 1),
+                                                    (3, 8, 3)])
+def test_default_workers_is_the_cores_there_are_at_most_the_limit(monkeypatch, cores, limit,
+                                                                  expected):
+    # os.cpu_count() returns None where the count is unknown: one worker then
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: cores)
+    assert default_workers(limit) == expected
 
 
 def test_save_figure_writes_a_png_and_returns_the_relative_path(tmp_path):
