@@ -380,7 +380,10 @@ def test_every_table_method_learns_an_easy_task():
             continue
         before, after, m = _train_error(name)
         assert after <= 35 and before - after >= 25, (name, before, after)
-        assert m.forwards > 0
+        # 20 epochs of the 64 samples; PEPITA (clean + modulated) and FF (positive + negative
+        # data) make two forward passes per sample, the rest one. Evaluation is not counted.
+        passes = 2 if name.startswith(("PEPITA", "FF")) else 1
+        assert m.forwards == passes * 20 * 64, (name, m.forwards)
 
 
 @pytest.mark.xfail(strict=True, reason="FF goodness of sign activations is constant: FF+BA "
