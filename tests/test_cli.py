@@ -199,28 +199,65 @@ def test_ctrl_c_in_a_command_exits_130_quietly(monkeypatch, capsys):
     assert capsys.readouterr().err == "bpfree: interrupted\n"
 
 
-def test_ctrl_c_while_the_commands_load_exits_130_without_a_traceback():
+# The child stops inside the import of `module` (first request only), says "ready" and waits
+# there for the signal: where it lands is fixed, not a race between a sleep and the scheduler.
+# "torch": before torch loads. "numpy": torch's C extension imports numpy and swallows any
+# exception from it, so a KeyboardInterrupt raised there was lost (measured before the fix:
+# the demo ran to the end with status 0; elsewhere in numpy's import, a RecursionError
+# traceback from its half-imported lazy attributes; in a pybind11 callback, SIGABRT).
+_STOP_IN_IMPORT = textwrap.dedent("""
+    import os, sys, time
+    from bpfree import cli
+    assert "torch" not in sys.modules and "numpy" not in sys.modules
+    module, stopped = sys.argv[1], []
+
+    class StopHere:
+        def find_spec(self, name, path=None, target=None):
+            if name == module and not stopped:
+                stopped.append(name)
+                print("ready", flush=True)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    time.sleep(0.01)
+                os._exit(3)  # the signal never came or was ignored
+            return None
+
+    sys.meta_path.insert(0, StopHere())
+    sys.exit(cli.main(["demo", "--epochs", "1"]))
+""")
+
+
+@pytest.mark.parametrize("module", ["torch", "numpy"])
+def test_ctrl_c_while_the_commands_load_exits_130_without_a_traceback(module):
     """`import bpfree.cli` does not load torch; SIGINT while build_parser() loads it is
-    answered like any other Ctrl-C."""
-    script = textwrap.dedent("""
-        import sys, time
-        from bpfree import cli
-        assert "torch" not in sys.modules
-        build = cli.build_parser
-        def announced():
-            print("ready", flush=True)
-            time.sleep(0.5)  # the signal lands here, or while the command modules load
-            return build()
-        cli.build_parser = announced
-        sys.exit(cli.main(["demo", "--epochs", "1"]))
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    answered like any other Ctrl-C: one line, status 130, whatever library is importing."""
+    proc = subprocess.Popen([sys.executable, "-c", _STOP_IN_IMPORT, module],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = proc.stdout.readline()
+        assert ready == "ready\n", (ready, proc.communicate(timeout=120))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip() == "bpfree: interrupted"
+
+
+def test_ctrl_c_in_a_command_is_a_keyboard_interrupt_again(monkeypatch, capsys):
+    """The exit-at-once handler covers the imports only: in the command, Ctrl-C is Python's
+    KeyboardInterrupt again (the command's clean-up runs), and main() leaves SIGINT as it
+    found it."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def run(*args, **kwargs):
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_benchmark", run)
+    assert cli.main(["bench", "smoke"]) == 130
+    assert capsys.readouterr().err == "bpfree: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_demo_seed_out_of_range_names_the_option(capsys):

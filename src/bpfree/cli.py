@@ -8,11 +8,14 @@ Subcommands implemented elsewhere are listed in :data:`DELEGATED` as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import shlex
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from bpfree import __version__
 from bpfree.io import check_output_path
@@ -252,8 +255,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _exit_interrupted(signum, frame) -> None:
+    os.write(2, f"{PROG}: interrupted\n".encode())
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def _interrupt_exits_at_once() -> Iterator[None]:
+    """While the commands' modules load, Ctrl-C ends the process at once (status 130) instead
+    of raising KeyboardInterrupt. Raised inside torch's or numpy's import, the exception is
+    not reliably ours to catch: torch's C extension swallows it while it imports numpy (the
+    command then ran to the end, status 0), numpy is left half-imported (a RecursionError
+    traceback from its lazy attributes, status 1), or it escapes a pybind11 callback (SIGABRT).
+    Nothing has been written yet, so no clean-up is skipped. Only on the main thread, and only
+    where SIGINT still has Python's default handler (an embedding program's stays)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _main(argv: list[str]) -> int:
-    parser = build_parser()
+    with _interrupt_exits_at_once():
+        parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
