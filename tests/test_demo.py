@@ -36,14 +36,12 @@ def test_forward_count_is_n_times_one_plus_lq_summed(default_run):
 
 def test_short_run_trains_the_int8_model(monkeypatch):
     models = []
-    import bpfree.pmt as pmt  # demo.run imports PMTTrainer from here when it runs
-
-    class Spy(pmt.PMTTrainer):
+    class Spy(demo.PMTTrainer):
         def __init__(self, model, *args, **kwargs):
             models.append(model)
             super().__init__(model, *args, **kwargs)
 
-    monkeypatch.setattr(pmt, "PMTTrainer", Spy)
+    monkeypatch.setattr(demo, "PMTTrainer", Spy)
     r = demo.run(seed=1, epochs=1, batch_size=100, queries=2, progress=False)
     assert len(models) == 1 and isinstance(models[0], QuantizedModel)
     assert models[0].body[0].weight.dtype == torch.int8

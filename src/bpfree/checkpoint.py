@@ -43,6 +43,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
+from . import __version__
 from .io import atomic_write_bytes, check_output_path, remove_stale_temporaries
 
 __all__ = [
@@ -289,8 +290,6 @@ def serialize_checkpoint(*, model_state: Mapping | None = None,
     for key, t in enc.tensors.items():
         records[key] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                         "sha256": hashlib.sha256(_tensor_bytes(t)).hexdigest()}
-    from . import __version__
-
     meta = {_K_FORMAT: _MAGIC, _K_VERSION: str(FORMAT_VERSION), _K_LIBRARY: __version__,
             _K_SKELETON: _dumps(skeleton), _K_TENSORS: _dumps(records)}
     meta[_K_DIGEST] = _digest(meta)

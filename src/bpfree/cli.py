@@ -93,6 +93,7 @@ def _add_debug(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> No
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     """Run one benchmark (or list them) and print its rows."""
+    # lazy: the benchmark machinery loads torch; `bpfree --help` and Ctrl-C stay instant
     from bpfree.bench import docs, runner
 
     if args.list:
@@ -121,6 +122,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_docs(args: argparse.Namespace) -> int:
     """Regenerate the benchmarks page; invalid result files make the exit status 1."""
+    # lazy: as in _cmd_bench (torch loads only for the command that needs it)
     from bpfree.bench import docs
 
     report = docs.generate_docs(args.results, args.out)
@@ -168,6 +170,7 @@ def _add_bench(subparsers) -> None:
 
 
 def _add_docs(subparsers) -> None:
+    # lazy: as in _cmd_bench (torch loads only for the command that needs it)
     from bpfree.bench.docs import DEFAULT_OUT, DEFAULT_RESULTS_DIR
 
     p = subparsers.add_parser(

@@ -35,9 +35,13 @@ import torch
 from torch import nn
 
 from .baselines import BPTrainer
+from .data import load_digits_split
 from .harness import accuracy, fit
 from .io import write_json
+from .memory import analytic, measure_peak
 from .models import digits_mlp
+from .pmt import PMTConfig, PMTTrainer
+from .quant.ptq import quantize_model
 
 DEFAULTS = dict(seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosine",
                 perturbation="adaptive", layerwise=True, gns=True, qas=True, synchronized=True,
@@ -141,8 +145,6 @@ class _MeasureFirstStep:
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> dict:
         if self.step_memory is not None:
             return self.method.step(x, y, lr)
-        from .memory import measure_peak
-
         with torch.no_grad():
             _, self.inference = measure_peak(lambda: self.model(x))
         out, self.step_memory = measure_peak(self.method.step, x, y, lr)
@@ -168,8 +170,6 @@ def drifted_digits(*, seed: int, noise: float, contrast: float, brightness: floa
     training digits), ``xc_tr`` / ``xc_te`` (drifted training / test digits), ``y_te`` and
     the clean test accuracies ``acc_float`` and ``acc_int8``.
     """
-    from .data import load_digits_split
-    from .quant.ptq import quantize_model
 
     torch.manual_seed(seed)
     x_tr, y_tr, x_te, y_te = (torch.as_tensor(a) for a in load_digits_split(seed=seed))
@@ -194,8 +194,6 @@ def run(*, seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosin
 
     Accuracies are fractions in [0, 1]; ``progress`` is False, True or a bar title.
     """
-    from .memory import analytic
-    from .pmt import PMTConfig, PMTTrainer, fit
 
     # seed .. seed + 3 seed the split, the two drifts and the batches (numpy: < 2**32).
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:

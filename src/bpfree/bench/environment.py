@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from bpfree import __version__ as bpfree_version
+
 # Libraries whose versions change benchmark numbers; reported even when not imported yet.
 _VERSIONED_PACKAGES = ("torch", "numpy", "numba")
 
@@ -61,8 +63,6 @@ def _package_version(name: str) -> str:
 
 def library_versions() -> dict[str, str]:
     """Versions of the interpreter, the numeric libraries and bpfree, plus the platform."""
-    from bpfree import __version__ as bpfree_version
-
     versions = {"python": platform.python_version()}
     for name in _VERSIONED_PACKAGES:
         versions[name] = _package_version(name)

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .environment import cpu_model
+
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
 
 
@@ -109,8 +111,6 @@ def pool_device(workers: int) -> str:
     """The ``device`` line of a benchmark whose work ran in ``workers`` single-thread
     processes: the CPU model and the real layout (the parent's own thread count says
     nothing about it)."""
-    from .environment import cpu_model
-
     return f"cpu: {cpu_model()}, {workers} worker processes x 1 thread"
 
 
