@@ -116,8 +116,9 @@ def train_zo(model: nn.Module, problem: PDEProblem, backend="SG", *, steps: int 
     gen = torch.Generator().manual_seed(seed)
     val = problem.validation_points(1000) if val_points is None else val_points
     params = [p for p in model.parameters() if p.requires_grad]
+    # cached: each direction drawn once per step; the weights are lean mode's bit for bit
     opt = ZOOptimizer(params, lr=lr, estimator=sign_rge(num_queries, mu), distribution="gaussian",
-                      schedule=cosine(steps, final=0.01), seed=seed)
+                      schedule=cosine(steps, final=0.01), seed=seed, mode="cached")
     res = PINNResult(val_mse=math.nan, initial_val_mse=validation_mse(model, problem, val),
                      steps=steps, loss_evaluations=0, point_evaluations=0, seconds=0.0)
     per_point = backend.evaluations(problem.input_dim)
