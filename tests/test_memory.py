@@ -701,28 +701,91 @@ def test_memory_cli_pmt_on_mobilenet(tmp_path, capsys):
         assert exc.value.code == 2
 
 
-def test_method_packages_register_their_own_rules():
-    """Each method's rules live next to its code (issue 15): bpfree.memory alone knows the
-    generic rules and names the packages to import for the others; importing bpfree.pmt /
-    bpfree.qzoff / bpfree.tinyfoa adds theirs. A fresh interpreter, so nothing is imported
-    yet."""
+GENERIC_RULES = ["bp", "inference", "zo_np_batched", "zo_np_lean", "zo_wp_batched",
+                 "zo_wp_lean"]
+
+
+def _fresh_python(code: str) -> list[str]:
+    """stdout lines of ``code`` run in a fresh interpreter (nothing of bpfree imported yet)
+    that sees the same bpfree as this process."""
+    import os
     import subprocess
     import sys
 
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_bare_import_of_memory_finds_each_methods_rule():
+    """``import bpfree.memory`` alone is enough (issue 15): a method's rule lives next to its
+    code and the registry imports that module on the first lookup of its name, so the
+    reports equal those of this process, where the packages are imported up front. An
+    unknown name lists every available method, loaded or not."""
     code = (
+        "import json, sys, torch\n"
         "import bpfree.memory as m\n"
-        "print(sorted(m.registered_rules()))\n"
+        "print(json.dumps(sorted(m.registered_rules())))\n"
+        "print(json.dumps(sorted(k for k in sys.modules if k.startswith(('bpfree.pmt', "
+        "'bpfree.qzoff', 'bpfree.tinyfoa')))))\n"
         "try:\n"
-        "    m.method_defaults('pmt')\n"
+        "    m.analytic(torch.nn.Linear(2, 2), 'nope', input_shape=(2,))\n"
         "except ValueError as e:\n"
         "    print(e)\n"
-        "import bpfree.pmt, bpfree.qzoff, bpfree.tinyfoa\n"
-        "print(sorted(m.registered_rules()))\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(32, 10))\n"
+        "for method in ('pmt', 'ff', 'tinyfoa'):\n"
+        "    r = m.analytic(model, method, input_shape=(64,), batch_size=8, num_queries=4)\n"
+        "    print(json.dumps([method, r.as_dict()]))\n"
+        "print(json.dumps(m.macs_per_iteration(model, 'cge', 8, 4, input_shape=(64,))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.splitlines()
-    generic = ["bp", "inference", "zo_np_batched", "zo_np_lean", "zo_wp_batched", "zo_wp_lean"]
-    assert out[0] == str(generic)
-    assert "'pmt' is not registered" in out[1] and "bpfree.pmt" in out[1]
-    assert out[2] == str(sorted(generic + ["pmt", "pmt-sparse", "mezo", "cge", "bp-int8",
-                                           "sparse-bp", "ff", "bp-ff-compare", "tinyfoa"]))
+    out = _fresh_python(code)
+    assert json.loads(out[0]) == GENERIC_RULES
+    assert json.loads(out[1]) == []  # nothing loaded before a lookup asks for it
+    assert "'nope' is not registered" in out[2]
+    for name in [*GENERIC_RULES, *rules_module.PROVIDERS]:
+        assert name in out[2]
+    model = _mlp()
+    for line in out[3:6]:
+        method, report = json.loads(line)
+        assert report == analytic(model, method, input_shape=(64,), batch_size=8,
+                                  num_queries=4).as_dict()
+    assert json.loads(out[6]) == macs_per_iteration(model, "cge", 8, 4, input_shape=(64,))
+
+
+def test_providers_table_matches_the_register_rule_calls():
+    """The table cannot go stale: every ``register_rule("name", ...)`` in the package outside
+    the registry is listed with the module that makes the call, every listed name is
+    registered by importing its provider alone (a fresh interpreter per provider), and
+    nothing else is."""
+    import ast
+    from pathlib import Path
+
+    import bpfree
+
+    root = Path(bpfree.__file__).parent
+    calls = {}
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        if module == "bpfree.memory.rules":
+            continue  # the registry's own generic rules
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_rule":
+                name = node.args[0]
+                assert isinstance(name, ast.Constant), \
+                    f"{module}:{node.lineno}: register_rule with a computed name"
+                calls[name.value] = module.removesuffix(".__init__")
+    assert calls == rules_module.PROVIDERS
+    for provider in sorted(set(calls.values())):
+        out = _fresh_python(
+            "import importlib, json\n"
+            "import bpfree.memory as m\n"
+            "before = set(m.registered_rules())\n"
+            f"importlib.import_module({provider!r})\n"
+            "print(json.dumps(sorted(set(m.registered_rules()) - before)))\n"
+        )
+        mine = sorted(n for n, mod in calls.items() if mod == provider)
+        assert json.loads(out[0]) == mine, provider

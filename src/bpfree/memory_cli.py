@@ -13,12 +13,11 @@ import sys
 
 import torch
 
-from . import qzoff, tinyfoa  # noqa: F401 (each registers its memory rules on import)
 from .io import write_json
 from .memory.profile import profile_model
 from .memory.report import format_bytes
-from .memory.rules import (GRAD_BYTES, analytic, macs_per_iteration, method_defaults,
-                           registered_rules, resolve_trainable)
+from .memory.rules import (GRAD_BYTES, analytic, available_rules, macs_per_iteration,
+                           method_defaults, resolve_trainable)
 from .models import get_model, list_models
 from .pmt.mcunet_tables import tables_text
 from .pmt.memory import cge_coordinates, layer_memory
@@ -39,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "multiply-accumulates per iteration of a reference model for one or "
                           "more methods, memory as named parts in bytes.")
     parser.add_argument("--model", default="mnist-mlp", choices=list_models(), help="reference model")
-    parser.add_argument("--method", action="append", choices=registered_rules(),
+    parser.add_argument("--method", action="append", choices=available_rules(),
                         help="method rule (repeat for several; default: all)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="mini-batch size N (default: 64; 1 for mcunet-in1, PMT Tables 8-9)")
@@ -114,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
     fold_choice = {"auto": None, "yes": True, "no": False}[getattr(args, "fold_bn", "auto")]
     trainable = getattr(args, "trainable", None) or None
     coordinates = getattr(args, "coordinates", None)
-    methods = args.method or list(registered_rules())
+    methods = args.method or list(available_rules())
 
     # Compute everything first so bad input fails before anything is printed.
     results = []

@@ -5,7 +5,9 @@ Two views of the same question:
 - analytic — :func:`analytic` applies a method's rule (PMT Table 3, made per-layer) to a
   :func:`profile_model` of the network; :func:`register_rule` lets each method add its own,
   built from the terms of :mod:`.terms`. Built in: inference, bp, zo_* (:mod:`.rules`).
-  Each method's package registers its rules when imported: PMT's int8 MCU rules pmt,
+  Each method registers its rules next to its code, and the registry imports that module on
+  the first lookup of one of its names (:data:`.rules.PROVIDERS`;
+  :func:`available_rules` lists every name): PMT's int8 MCU rules pmt,
   pmt-sparse, mezo, cge, bp-int8, sparse-bp in :mod:`bpfree.pmt.memory` (with
   :func:`bpfree.pmt.pmt_modes` and :func:`bpfree.pmt.layer_memory`), QZO-FF's ff and
   bp-ff-compare in :mod:`bpfree.qzoff.memory` (Figures 3 / 4:
@@ -26,6 +28,7 @@ from .rules import (
     NONLINEAR_LAYER_TYPES,
     SEED_BYTES,
     analytic,
+    available_rules,
     macs_per_iteration,
     method_defaults,
     register_rule,
@@ -48,6 +51,7 @@ __all__ = [
     "ModelProfile",
     "PeakMemoryTracker",
     "analytic",
+    "available_rules",
     "format_bytes",
     "macs_per_iteration",
     "measure_peak",

@@ -17,11 +17,13 @@ seeds are uint32 (4 bytes) and losses fp32 (4 bytes) whatever ``dtype_bytes`` is
 activations scale linearly with batch; the live set of a layer is its input, its output
 and the tensors held across it (a residual skip); no kernel workspaces.
 
-Each method's own rules are registered next to its code, when its package is imported:
+Each method's own rules are registered next to its code, when its module is imported:
 the int8 MCU rules of PMT and its baselines (``pmt``, ``pmt-sparse``, ``mezo``, ``cge``,
 ``bp-int8``, ``sparse-bp``) by :mod:`bpfree.pmt.memory`, QZO-FF's ``ff`` and
 ``bp-ff-compare`` by :mod:`bpfree.qzoff.memory`, ``tinyfoa`` by
-:mod:`bpfree.tinyfoa.accounting`; they build on the terms of :mod:`.terms`. Each method
+:mod:`bpfree.tinyfoa.accounting`; they build on the terms of :mod:`.terms`. The registry
+finds them itself: :data:`PROVIDERS` names the module that provides each, which a lookup of
+a name not yet registered imports (so ``import bpfree.memory`` alone is enough). Each method
 registers its defaults (:func:`method_defaults`) and, where known, a compute rule:
 :func:`macs_per_iteration` gives the multiply-accumulates of one training iteration.
 """
@@ -29,6 +31,7 @@ registers its defaults (:func:`method_defaults`) and, where known, a compute rul
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +53,9 @@ __all__ = [
     "LOSS_BYTES",
     "NONLINEAR_LAYER_TYPES",
     "SEED_BYTES",
+    "PROVIDERS",
     "analytic",
+    "available_rules",
     "macs_per_iteration",
     "method_defaults",
     "prepare_profile",
@@ -73,6 +78,24 @@ class _Method:
 
 
 _RULES: dict[str, _Method] = {}
+
+#: Method name -> the module that registers its rule when imported. Looked up, not imported
+#: here: each provider imports this registry (``register_rule``), so a static import back
+#: would be a cycle (``tests/test_import_graph.py``); the dependency stays one-way and the
+#: provider is loaded with :func:`importlib.import_module` on the first lookup of its name,
+#: the way plugin registries find their plugins. A test checks the table against every
+#: ``register_rule`` call in the package, so it cannot go stale.
+PROVIDERS: dict[str, str] = {
+    "pmt": "bpfree.pmt.memory",
+    "pmt-sparse": "bpfree.pmt.memory",
+    "mezo": "bpfree.pmt.memory",
+    "cge": "bpfree.pmt.memory",
+    "bp-int8": "bpfree.pmt.memory",
+    "sparse-bp": "bpfree.pmt.memory",
+    "ff": "bpfree.qzoff.memory",
+    "bp-ff-compare": "bpfree.qzoff.memory",
+    "tinyfoa": "bpfree.tinyfoa.accounting",
+}
 
 
 def register_rule(name: str, fn: Rule, *, replace: bool = False, dtype_bytes: int = 4,
@@ -98,8 +121,15 @@ def register_rule(name: str, fn: Rule, *, replace: bool = False, dtype_bytes: in
 
 
 def registered_rules() -> tuple[str, ...]:
-    """Names of the registered methods, sorted."""
+    """Names of the methods registered so far, sorted (a provider of :data:`PROVIDERS` adds
+    its names once imported; :func:`available_rules` lists them all)."""
     return tuple(sorted(_RULES))
+
+
+def available_rules() -> tuple[str, ...]:
+    """Names :func:`analytic` accepts, sorted: those registered and those of
+    :data:`PROVIDERS`, whose module is imported on first use."""
+    return tuple(sorted(set(_RULES) | set(PROVIDERS)))
 
 
 def method_defaults(method: str) -> dict[str, Any]:
@@ -111,11 +141,14 @@ def method_defaults(method: str) -> dict[str, Any]:
 
 
 def _entry(method: str) -> _Method:
+    if method not in _RULES and method in PROVIDERS:
+        importlib.import_module(PROVIDERS[method])
+        if method not in _RULES:
+            raise RuntimeError(f"{PROVIDERS[method]} was imported but did not register method "
+                               f"{method!r}; PROVIDERS in bpfree.memory.rules is stale")
     if method not in _RULES:
         raise ValueError(
-            f"method {method!r} is not registered; registered: {', '.join(registered_rules())} "
-            "(a method's package registers its own rules when imported: bpfree.pmt, "
-            "bpfree.qzoff, bpfree.tinyfoa)"
+            f"method {method!r} is not registered; available: {', '.join(available_rules())}"
         )
     return _RULES[method]
 
