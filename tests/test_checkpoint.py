@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-import bpfree.checkpoint as ckmod
 from bpfree.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -289,7 +288,7 @@ def test_failure_before_replace_keeps_previous_checkpoint(tmp_path, good, monkey
         calls.append((os.fspath(src), os.fspath(dst)))
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(ckmod.os, "replace", broken_replace)
+    monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk on fire"):
         save_checkpoint(good, model=tiny_model(3))
     assert len(calls) == 1
@@ -311,8 +310,8 @@ def test_write_is_fsynced_then_replaced_then_directory_fsynced(tmp_path, monkeyp
         events.append("replace")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(ckmod.os, "fsync", fsync)
-    monkeypatch.setattr(ckmod.os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
     save_checkpoint(tmp_path / "sub" / "ck.safetensors", extra={"step": 1})
     if os.path.isdir("/proc/self/fd"):
         assert events == ["fsync-file", "replace", "fsync-dir"]

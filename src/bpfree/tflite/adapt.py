@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..checkpoint import atomic_write_bytes
 from ..classify import load_image
 from ..harness import accuracy, fit, holdout_split
+from ..io import atomic_write_bytes
 from ..memory.rules import analytic
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import select_block, split_blocks

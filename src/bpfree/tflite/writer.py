@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..checkpoint import atomic_write_bytes
+from ..io import atomic_write_bytes
 from ..quant.layers import QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear, QReLU
 from ..quant.params import TensorQuant
 from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel
