@@ -42,9 +42,8 @@ from .layers import (
     QGlobalAvgPool2d,
     QLinear,
     QReLU,
-    _ACCUMULATE,
-    _BACKENDS,
 )
+from .layers.arith import _ACCUMULATE, _BACKENDS
 from .params import TensorQuant
 from .stages import QInvertedResidual, QMaxPool2d, QuantizedModel
 from .weights import fold_batchnorm, quantize_weights
