@@ -84,11 +84,7 @@ class FloatRuleAdd(QAdd):
     ``clamp(round_half_even(float64(float32((a - z1) s1 + (b - z2) s2)) / s_y) + z_y)``."""
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_int8_input(a, "input1")
-        _check_int8_input(b, "input2")
-        if a.shape != b.shape:
-            raise ValueError(f"input1 and input2 must have the same shape, got "
-                             f"{tuple(a.shape)} and {tuple(b.shape)}")
+        self.check_inputs(a, b)
         f32 = torch.float32
         s1 = torch.tensor(self.input1_quant.scale, dtype=f32)
         s2 = torch.tensor(self.input2_quant.scale, dtype=f32)

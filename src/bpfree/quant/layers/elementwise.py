@@ -35,12 +35,17 @@ class QAdd(nn.Module):
         self.range = ActivationRange.from_activation(activation, self.output_quant)
         self.backend = _check_choice(backend, "backend", _BACKENDS)
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def check_inputs(a: torch.Tensor, b: torch.Tensor) -> None:
+        """Both inputs int8 and of one shape (shared with the float-rule add of MCUNet)."""
         _check_int8_input(a, "input1")
         _check_int8_input(b, "input2")
         if a.shape != b.shape:
             raise ValueError(f"input1 and input2 must have the same shape, got "
                              f"{tuple(a.shape)} and {tuple(b.shape)}")
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.check_inputs(a, b)
         if a.device != b.device:
             raise ValueError(f"input1 and input2 must be on one device, got {a.device} and "
                              f"{b.device}")
