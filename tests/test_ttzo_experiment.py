@@ -147,3 +147,31 @@ def test_train_can_stop_on_divergence_and_keep_the_log():
     assert record["step_loss"] == [1.0, 1.0] and record["diverged"] == log.diverged
     with pytest.raises(ValueError, match="on_nonfinite must be"):
         train(Diverging(), x, y, epochs=1, on_nonfinite="ignore")
+
+
+def test_cost_projection_counts_each_phase_and_the_earliest_switch():
+    cost = load_module("tt_zo_cost")
+    # patience p: the first epoch sets the best loss, p more stall it, CGE from the next
+    assert cost.earliest_switch(3) == 4 and cost.earliest_switch(1) == 2
+    per_step = {("h", "sign_rge"): 0.01, ("h", "cge"): 0.5, ("f", "fo"): 0.002}
+    steps = {"h": (8, 900), "f": (8, 900)}
+    hours = cost.project(per_step, steps, switch=4)
+    assert hours["h"] == pytest.approx((4 * 900 * 0.01 + 4 * 900 * 0.5) / 3600)
+    assert hours["f"] == pytest.approx(8 * 900 * 0.002 / 3600)
+    assert cost.project(per_step, steps, None)["h"] == pytest.approx(8 * 900 * 0.01 / 3600)
+    assert cost.project(per_step, steps, 20)["h"] == pytest.approx(8 * 900 * 0.01 / 3600)
+    assert cost.wall_hours(hours, 3) == pytest.approx(3 * sum(hours.values()) / cost.WORKERS)
+    assert cost.wall_hours({"a": 5.0, "b": 0.1}, 1) == 5.0          # the longest task
+
+
+def test_cost_projection_uses_the_full_modes_epochs():
+    tt_zo, cost = load_module("tt_zo"), load_module("tt_zo_cost")
+    cfg = tt_zo._settings(False)
+    steps = cost._steps_of(cfg, 860)
+    assert steps.pop("tt6/cge") == (tt_zo.FULL_CGE_EPOCHS, 860)
+    assert set(steps.values()) == {(tt_zo.FULL_EPOCHS, 860)}
+    paper = cost._steps_of(cost._with_epochs(cfg, tt_zo.PAPER_EPOCHS), 860)
+    assert paper["tt10/hybrid"] == paper["mlp/sign_rge"] == (100, 860)
+    assert cost.largest_fitting(lambda e: 0.3 * e, 2.5, 100) == 8      # 2.4 <= 2.5 < 2.7
+    assert cost.largest_fitting(lambda e: 0.01 * e, 2.5, 100) == 100
+    assert cost.largest_fitting(lambda e: 3.0, 2.5, 100) == 0

@@ -98,6 +98,36 @@ def test_ttzo_below_budget_is_said_in_every_note():
     assert all("Below the paper's budget" in c["note"] for c in claims)
 
 
+@pytest.mark.parametrize("epochs", [1, 8, 10, 99, 100])
+def test_ttzo_full_mode_says_below_budget_exactly_below_100_epochs(epochs):
+    cfg = dict(tt_zo._settings(quick=False), chunks=epochs, mlp_zo_chunks=epochs,
+               fa_chunks=epochs)
+    below = tt_zo.below_budget(cfg)
+    if epochs < tt_zo.PAPER_EPOCHS == 100:
+        assert below.startswith(f"Below the paper's budget: {epochs} of the paper's 100 epochs")
+        assert ("decay every 10 epochs never reached" in below) == (epochs <= 10)
+        claims = tt_zo.ledger(_ttzo_acc(), _queries(), below=below)
+        assert all(below in c["note"] for c in claims)
+    else:
+        assert below == ""
+        claims = tt_zo.ledger(_ttzo_acc(), _queries(), below=below)
+        assert not any("Below the paper's budget" in (c.get("note") or "") for c in claims)
+
+
+def test_ttzo_full_mode_budget_is_full_epochs_and_said_when_cut():
+    cfg = tt_zo._settings(quick=False)
+    assert cfg["chunks"] == cfg["mlp_zo_chunks"] == cfg["fa_chunks"] == tt_zo.FULL_EPOCHS
+    assert cfg["cge_epochs"] == tt_zo.FULL_CGE_EPOCHS
+    assert (tt_zo.below_budget(cfg) != "") == (tt_zo.FULL_EPOCHS < tt_zo.PAPER_EPOCHS)
+    # one group cut alone is still below the paper's budget, and named
+    cut = dict(cfg, chunks=100, mlp_zo_chunks=40, fa_chunks=100)
+    assert tt_zo.below_budget(cut).startswith(
+        "Below the paper's budget: 100 of the paper's 100 epochs per run (the dense MLP's ZO "
+        "runs 40)")
+    assert tt_zo.below_budget(tt_zo._settings(quick=True)).startswith(
+        "Below the paper's budget: 4 x 80 steps")
+
+
 def test_ttzo_lr_search_gives_every_run_the_same_candidates_and_picks_the_best():
     cfg = tt_zo._settings(quick=True)
     tasks = tt_zo._tasks(cfg, "cpu")
