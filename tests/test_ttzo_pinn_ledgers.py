@@ -101,8 +101,12 @@ def test_ttzo_below_budget_is_said_in_every_note():
 @pytest.mark.parametrize("epochs", [1, 8, 10, 99, 100])
 def test_ttzo_full_mode_says_below_budget_exactly_below_100_epochs(epochs):
     cfg = dict(tt_zo._settings(quick=False), chunks=epochs, mlp_zo_chunks=epochs,
-               fa_chunks=epochs)
+               fa_chunks=epochs, hybrid=tt_zo.full_hybrid(epochs))
     below = tt_zo.below_budget(cfg)
+    # below the paper's budget the hybrid's switch is forced after half the epochs, and said
+    assert ("switches to CGE after at most" in below) == (epochs < 100)
+    assert tt_zo.full_hybrid(epochs).get("max_coarse_epochs") == (
+        max(1, epochs // 2) if epochs < 100 else None)
     if epochs < tt_zo.PAPER_EPOCHS == 100:
         assert below.startswith(f"Below the paper's budget: {epochs} of the paper's 100 epochs")
         assert ("decay every 10 epochs never reached" in below) == (epochs <= 10)
@@ -120,7 +124,7 @@ def test_ttzo_full_mode_budget_is_full_epochs_and_said_when_cut():
     assert cfg["cge_epochs"] == tt_zo.FULL_CGE_EPOCHS
     assert (tt_zo.below_budget(cfg) != "") == (tt_zo.FULL_EPOCHS < tt_zo.PAPER_EPOCHS)
     # one group cut alone is still below the paper's budget, and named
-    cut = dict(cfg, chunks=100, mlp_zo_chunks=40, fa_chunks=100)
+    cut = dict(cfg, chunks=100, mlp_zo_chunks=40, fa_chunks=100, hybrid=tt_zo.full_hybrid(100))
     assert tt_zo.below_budget(cut).startswith(
         "Below the paper's budget: 100 of the paper's 100 epochs per run (the dense MLP's ZO "
         "runs 40)")
