@@ -74,11 +74,15 @@ def test_a_write_cut_by_the_file_size_limit_leaves_the_old_file(tmp_path):
         try:
             io.write_json({{"big": "x" * 10000}}, {str(path)!r})
         except OSError as err:
+            print(err, file=sys.stderr)
             sys.exit(3)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 3, done.stderr
+    # the error names the option and the file, and says the old one is intact
+    assert f"--json: could not write {path}" in done.stderr
+    assert "previous file, if any, is unchanged" in done.stderr
     assert json.loads(path.read_text()) == {"kept": True}
     assert [p.name for p in tmp_path.iterdir()] == ["good.json"]
 

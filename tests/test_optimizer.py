@@ -243,6 +243,23 @@ def test_each_param_group_lr_is_checked(lr):
         opt.add_param_group({"params": [model.bias], "scale": 0.0})
 
 
+@pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf")])
+def test_an_lr_changed_after_construction_is_refused_at_step_with_weights_unchanged(lr):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    opt = ZOOptimizer(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.param_groups[0]["lr"] = lr        # what a scheduler does
+    with pytest.raises(ValueError, match="param group 0: lr must be a finite number >= 0"):
+        opt.step(Objective(model, x, y))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert opt.step_count == 0
+    opt.param_groups[0]["lr"] = 0.1
+    opt.step(Objective(model, x, y))
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
 @pytest.mark.parametrize("transforms", [(), (T.momentum(0.9),)])
 def test_an_lr_that_would_overflow_the_weights_is_refused_unchanged(transforms):
     torch.manual_seed(0)

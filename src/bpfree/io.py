@@ -37,7 +37,7 @@ _PROBE_SUFFIX = ".probe"
 def _target(path: str | os.PathLike, what: str) -> Path:
     """The file that will really be written: a symlink is followed to its target."""
     if isinstance(path, str) and not path.strip():
-        raise ValueError(f"{what}: empty path; give a file name such as results/out.json")
+        raise ValueError(f"{what}: empty path; give the name of the file to write")
     return Path(os.path.realpath(os.fspath(path)))
 
 
@@ -127,6 +127,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, what: str = "out
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        # e.g. ENOSPC / EFBIG from write(): say which output, and that the old file is intact
+        message = (f"{what}: could not write {os.fspath(path)}: {exc.strerror or exc} "
+                   "(the previous file, if any, is unchanged)")
+        raise (OSError(exc.errno, message) if exc.errno else OSError(message)) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -308,6 +308,14 @@ class ZOOptimizer(torch.optim.Optimizer):
         """
         if closure is None or not callable(closure):
             raise TypeError("ZOOptimizer.step needs a closure: an Objective or a callable returning the loss")
+        # A scheduler (or a user) may have changed a group's lr since add_param_group checked
+        # it; a negative or non-finite lr would ascend or write inf, so refuse before any query.
+        for i, group in enumerate(self.param_groups):
+            lr = group["lr"]
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) \
+                    or lr < 0:
+                raise ValueError(f"param group {i}: lr must be a finite number >= 0, got "
+                                 f"{lr!r} (changed after construction?); weights left unchanged")
         zo = self.state["zo"]
         t = zo["step"]
         ctx = self.context(closure)
