@@ -243,6 +243,18 @@ def test_each_param_group_lr_is_checked(lr):
         opt.add_param_group({"params": [model.bias], "scale": 0.0})
 
 
+def test_a_meta_device_model_is_refused_when_the_optimizer_is_built():
+    with torch.device("meta"):
+        model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"param group 0: .*meta device.*to_empty"):
+        ZOOptimizer(model.parameters(), lr=0.1)
+    cpu = nn.Linear(3, 2)
+    opt = ZOOptimizer(cpu.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="param group 1: .*meta device"):
+        opt.add_param_group({"params": list(model.parameters())})
+    assert len(opt.param_groups) == 1     # the refused group is not kept
+
+
 @pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf")])
 def test_an_lr_changed_after_construction_is_refused_at_step_with_weights_unchanged(lr):
     torch.manual_seed(0)

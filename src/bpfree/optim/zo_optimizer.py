@@ -188,6 +188,11 @@ class ZOOptimizer(torch.optim.Optimizer):
             if rule != "sgd":
                 self._check_integer_group(group, index)
             for p in group["params"]:
+                if p.is_meta:
+                    raise ValueError(
+                        f"param group {index}: a parameter of shape {list(p.shape)} is on the "
+                        "meta device (shapes only, no values): materialize the model "
+                        "(model.to_empty(device='cpu'), then load its weights) before training")
                 if rule == "sgd" and not p.is_floating_point():
                     raise TypeError(
                         f"param group {index}: the 'sgd' update rule updates floating-point "
