@@ -440,3 +440,25 @@ def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
     assert all("Below the paper's budget" in c["note"] for c in extra["claims"])
     assert any("Poisson-2D table (quick)" in n for n in extra["notes"])
     assert all((tmp_path / f["path"]).exists() for f in extra["figures"])
+
+
+def test_cost_projection_covers_every_full_run_once_and_scales_with_steps():
+    from bpfree.bench.runner import load_module
+
+    bench, cost = _pinn_bench(), load_module("pinn_cost")
+    cfg = bench._config(False)
+    tasks = cost.full_tasks(cfg, bench._models(cfg))
+    # Tables 4-5 on the two networks (4 FO + 3 ZO backends each), Table 6 adds FO-AD and
+    # ZO-SG on the three other networks; the shared runs are trained (and projected) once
+    assert len(tasks) == len(set(tasks)) == 2 * 7 + 3 * 2
+    assert ("ZO", "TT-3", "SG") in tasks and ("ZO", "SP-3", "SG") in tasks
+    assert not any(kind == "ZO" and b == "AD" for kind, _, b in tasks)   # ZO has no AD
+    per_step = {("FO", "a", "AD"): 0.5, ("ZO", "a", "SG"): 2.0}
+    hours = cost.project(per_step, {"FO": 3000, "ZO": 600}, seeds=3)
+    assert hours[("FO", "a", "AD")] == pytest.approx(3 * 3000 * 0.5 / 3600)
+    assert hours[("ZO", "a", "SG")] == pytest.approx(3 * 600 * 2.0 / 3600)
+    assert cost.wall_hours(hours) == pytest.approx(sum(hours.values()) / cost.CORES)
+    # one step of everything on 3 seeds: 3 * 2.5 s / 2 cores = 3.75 s; 2.5 h = 9000 s -> 2400
+    assert cost.largest_fitting_steps(per_step, 3, 2.5, 3000) == 2400
+    assert cost.largest_fitting_steps(per_step, 3, 2.5, 1000) == 1000
+    assert cost.largest_fitting_steps({("FO", "a", "AD"): 0.0}, 3, 2.5, 3000) == 3000
