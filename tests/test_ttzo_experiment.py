@@ -175,3 +175,25 @@ def test_cost_projection_uses_the_full_modes_epochs():
     assert cost.largest_fitting(lambda e: 0.3 * e, 2.5, 100) == 8      # 2.4 <= 2.5 < 2.7
     assert cost.largest_fitting(lambda e: 0.01 * e, 2.5, 100) == 100
     assert cost.largest_fitting(lambda e: 3.0, 2.5, 100) == 0
+
+
+@pytest.mark.slow
+def test_full_mode_runs_end_to_end_on_a_tiny_budget(monkeypatch, tmp_path):
+    """The full mode's own paths (every hybrid's forced switch, full-coordinate CGE, the
+    dense MLP's capped CGE, the below-budget ledger, the figure) run end to end before a
+    2.4-hour run finds a crash at its end: full settings with 256 training images and 2
+    epochs."""
+    require_data_root("mnist", MNIST_FILES)
+    mod = load_module("tt_zo")
+    full = mod._settings(False)
+    tiny = dict(full, n_train=256, n_val=128, n_test=128, chunks=2, mlp_zo_chunks=2,
+                fa_chunks=2, hybrid=mod.full_hybrid(2), cge_epochs=1, seeds=(0, 1))
+    monkeypatch.setattr(mod, "_settings", lambda quick: tiny)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)          # the figure goes to tmp, not results/
+    monkeypatch.setattr(mod, "FIGURES", tmp_path / "results" / "figures")
+    rows, extra = mod.run(False)
+    assert rows and all(r["value"] == r["value"] for r in rows)          # no NaN rows
+    hybrids = [k for k in extra["runs"] if "/hybrid/" in k]
+    assert hybrids and all(extra["runs"][k]["switch_epoch"] is not None for k in hybrids)
+    assert extra["claims"] and not extra["paper_budget"]
+    assert all("Below the paper's budget" in c["note"] for c in extra["claims"])
