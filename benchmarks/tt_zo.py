@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, pool_device, run_keyed
+from bpfree.bench.task_cache import from_environment as task_cache
 
 NAME = "tt-zo"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -270,11 +271,11 @@ def _cost(task: dict) -> float:
     return per * task["epochs"] * (task.get("max_steps_per_epoch") or 938)
 
 
-def _run_all(tasks: dict, workers: int) -> dict:
+def _run_all(tasks: dict, workers: int, cache=None) -> dict:
     from _ttzo_experiment import run_task
 
     order = sorted(tasks, key=lambda k: -_cost(tasks[k]))
-    return run_keyed(run_task, tasks, workers, order=order)
+    return run_keyed(run_task, tasks, workers, order=order, progress="tt-zo runs", cache=cache)
 
 
 def _seeded(cfg: dict, device: str, lrs: dict) -> dict:
@@ -535,6 +536,7 @@ def run(quick: bool):
 
     t_start = time.perf_counter()
     cfg = _settings(quick)
+    cache = task_cache(ROOT)    # $BPFREE_TASK_CACHE: resume a cut-off run (full runs take hours)
     use_cuda = (not quick) and torch.cuda.is_available()
     device = "cuda" if use_cuda else "cpu"
     workers = 1 if use_cuda else default_workers()
@@ -543,10 +545,10 @@ def run(quick: bool):
     search_runs: dict = {}
     if cfg["search"]:
         search_runs = _run_all(_search_tasks(_tasks(cfg, device), cfg["search_fraction"]),
-                               workers)
+                               workers, cache)
         lrs = _pick_lrs(search_runs)
     search_seconds = time.perf_counter() - t_start
-    results = _run_all(_seeded(cfg, device, lrs), workers)
+    results = _run_all(_seeded(cfg, device, lrs), workers, cache)
     acc = _summary(results, seeds)
     first = {k[:2]: v for k, v in results.items() if k[2] == seeds[0]}
 
@@ -716,6 +718,9 @@ def run(quick: bool):
         "total_seconds": time.perf_counter() - t_start,
         "full_run": not quick,
         "paper_budget": not below,
+        # runs finished by an earlier, cut-off run of this revision ($BPFREE_TASK_CACHE); the
+        # per-run seconds in "runs" are each run's own, total_seconds only this run's
+        "resumed_runs": 0 if cache is None else cache.hits,
     }
     if not use_cuda:
         extra["device"] = pool_device(workers)

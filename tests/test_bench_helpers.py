@@ -125,3 +125,78 @@ def test_spawned_workers_import_the_benchmark_helper_modules():
 
     out = run_keyed(driver.n_classes, {"a": "mitbih", "b": "fashion"}, workers=2)
     assert out == {"a": 5, "b": 10}
+
+
+def test_a_cut_off_run_resumes_from_its_finished_tasks(tmp_path):
+    from bpfree.bench.task_cache import TaskCache
+
+    calls = []
+
+    def train(task):
+        calls.append(task)
+        if task == "boom":
+            raise RuntimeError("the session ended")
+        return {"acc": len(task)}
+
+    tasks = {"a": "x", "b": "yy", "c": "boom"}
+    cache = TaskCache(tmp_path, salt="rev1")
+    with pytest.raises(RuntimeError, match="session ended"):
+        run_keyed(train, tasks, workers=1, order=["a", "b", "c"], cache=cache)
+    assert len(list(tmp_path.glob("*.pkl"))) == 2          # a and b were kept as they finished
+    calls.clear()
+    tasks["c"] = "zzz"                                      # the resumed run finishes
+    again = TaskCache(tmp_path, salt="rev1")
+    out = run_keyed(train, tasks, workers=1, cache=again)
+    assert out == {"a": {"acc": 1}, "b": {"acc": 2}, "c": {"acc": 3}}
+    assert calls == ["zzz"] and again.hits == 2
+    # another revision, or a task that differs, never reuses a result
+    calls.clear()
+    run_keyed(train, {"a": "x"}, workers=1, cache=TaskCache(tmp_path, salt="rev2"))
+    assert calls == ["x"]
+    # a cut-off (corrupt) file counts as missing and is rewritten
+    path = again.path(train, "yy")
+    path.write_bytes(path.read_bytes()[:5])
+    calls.clear()
+    assert run_keyed(train, {"b": "yy"}, workers=1, cache=again) == {"b": {"acc": 2}}
+    assert calls == ["yy"]
+
+
+def test_a_pool_run_stores_each_result_and_reuses_it(tmp_path):
+    from bpfree.bench.task_cache import TaskCache
+
+    tasks = {"a": 4.0, "b": 9.0}
+    cache = TaskCache(tmp_path, salt="r")
+    assert run_keyed(math.sqrt, tasks, workers=2, cache=cache) == {"a": 2.0, "b": 3.0}
+    for name in ("a", "b"):             # plant a different value: the cache, not sqrt, answers
+        cache.store(math.sqrt, tasks[name], -1.0)
+    reused = TaskCache(tmp_path, salt="r")
+    assert run_keyed(math.sqrt, tasks, workers=2, cache=reused) == {"a": -1.0, "b": -1.0}
+    assert reused.hits == 2
+
+
+def test_the_task_cache_needs_a_clean_committed_checkout(tmp_path, monkeypatch):
+    import subprocess
+
+    from bpfree.bench import task_cache
+
+    monkeypatch.delenv(task_cache.ENV, raising=False)
+    assert task_cache.from_environment(tmp_path) is None
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (repo / "code.py").write_text("x = 1\n")
+    subprocess.run(git + ["add", "code.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    monkeypatch.setenv(task_cache.ENV, str(tmp_path / "cache"))
+    cache = task_cache.from_environment(repo)
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert cache.salt == head and cache.directory.is_dir()
+    (repo / "code.py").write_text("x = 2\n")
+    with pytest.raises(ValueError, match="dirty"):
+        task_cache.from_environment(repo)
+    monkeypatch.setenv(task_cache.ENV, str(repo / "code.py"))
+    subprocess.run(git + ["checkout", "-q", "code.py"], check=True)
+    with pytest.raises(ValueError, match="not a directory"):
+        task_cache.from_environment(repo)

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .environment import cpu_model
+from .task_cache import TaskCache
 
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
 
@@ -61,26 +62,41 @@ def spawn_pool(workers: int) -> cf.ProcessPoolExecutor:
 
 
 def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: int,
-              order: list | None = None, progress: str | None = None) -> dict:
+              order: list | None = None, progress: str | None = None,
+              cache: TaskCache | None = None) -> dict:
     """``{key: fn(task)}`` for every item of ``tasks``.
 
     ``workers`` ≤ 1 runs them in this process (easier to debug and profile). Otherwise they
     are submitted in ``order`` (default: as given; put the longest first so the pool does not
     end on one long straggler) to a spawn pool; ``fn`` and the tasks must pickle. The first
     task that raises propagates its exception. ``progress``: a label for a progress bar of
-    finished tasks on stderr (hours-long benchmarks need one).
+    finished tasks on stderr (hours-long benchmarks need one). ``cache``: a
+    :class:`~bpfree.bench.task_cache.TaskCache`; tasks it holds are not run again, and each
+    task that finishes is stored in it at once (a run cut off resumes where it stopped).
     """
     keys = list(tasks) if order is None else list(order)
     if set(keys) != set(tasks):
         raise ValueError("order must list every task key exactly once")
+    results = {}
+    if cache is not None:
+        for k in keys:
+            found, value = cache.load(fn, tasks[k])
+            if found:
+                results[k] = value
+        keys = [k for k in keys if k not in results]
+
+    def finished(k, value) -> None:
+        results[k] = value
+        if cache is not None:
+            cache.store(fn, tasks[k], value)
+        bar.update(1)
+
     bar = tqdm(total=len(keys), desc=progress or "tasks", disable=progress is None,
                unit="task")
-    results = {}
     try:
         if workers <= 1:
             for k in keys:
-                results[k] = fn(tasks[k])
-                bar.update(1)
+                finished(k, fn(tasks[k]))
             return results
         # At most two tasks per worker in flight: each submitted task's tensors are shared
         # through a file descriptor until a worker unpickles it, and a hundred queued tasks
@@ -99,8 +115,8 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
             while futures:
                 done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
-                    results[futures.pop(fut)] = fut.result()
-                    bar.update(1)
+                    key = futures.pop(fut)
+                    finished(key, fut.result())
                     submit_next()
         return results
     finally:

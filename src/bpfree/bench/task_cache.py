@@ -1,0 +1,94 @@
+"""Finished benchmark tasks kept on disk, so a full run that was cut off resumes where it stopped.
+
+A full benchmark is many independent training runs (tasks) spread over a process pool
+(:func:`bpfree.bench.parallel.run_keyed`). When a run of several hours is stopped (the end of
+a working session, a crash, a reboot), the tasks it had finished are lost with it. With
+``BPFREE_TASK_CACHE=DIR`` set, each finished task's result is written to ``DIR`` as soon as
+it arrives, and a later run of the same benchmark takes it from there instead of training it
+again.
+
+A result is only reused by the same code on the same task: its file name is a SHA-256 of the
+checkout's git revision, the task function's qualified name and the pickled task. A dirty
+checkout is refused, because the stored results could not be traced to any revision. The
+benchmark's JSON then holds the revision, as always; its ``seconds`` count only the resumed
+run, while each task keeps its own measured time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..io import atomic_write_bytes
+from .environment import git_state
+
+__all__ = ["ENV", "TaskCache", "from_environment"]
+
+#: The environment variable that names the cache folder (unset or empty: no cache).
+ENV = "BPFREE_TASK_CACHE"
+
+
+@dataclass
+class TaskCache:
+    """Results of finished tasks under ``directory``, valid for code revision ``salt``.
+
+    ``hits`` counts the results :meth:`load` found (what a benchmark reports as resumed).
+    """
+
+    directory: Path
+    salt: str
+    hits: int = field(default=0)
+
+    def path(self, fn: Callable, task: Any) -> Path:
+        name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+        digest = hashlib.sha256()
+        for part in (self.salt.encode(), name.encode(), pickle.dumps(task, protocol=4)):
+            digest.update(len(part).to_bytes(8, "little") + part)
+        return self.directory / f"{digest.hexdigest()}.pkl"
+
+    def load(self, fn: Callable, task: Any) -> tuple[bool, Any]:
+        """``(True, result)`` when ``fn(task)`` finished before at this revision, else
+        ``(False, None)``. An unreadable file (cut off, corrupt) counts as missing."""
+        path = self.path(fn, task)
+        try:
+            with open(path, "rb") as fh:
+                value = pickle.load(fh)
+        except FileNotFoundError:
+            return False, None
+        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
+            return False, None
+        self.hits += 1
+        return True, value
+
+    def store(self, fn: Callable, task: Any, value: Any) -> None:
+        """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file)."""
+        atomic_write_bytes(self.path(fn, task), pickle.dumps(value, protocol=4),
+                           what=f"${ENV}")
+
+
+def from_environment(checkout: str | os.PathLike | None = None) -> TaskCache | None:
+    """The cache ``$BPFREE_TASK_CACHE`` names, for the git revision of ``checkout`` (default:
+    the working directory), or None when the variable is unset or empty.
+
+    Raises ValueError outside a git checkout or in a dirty one: a resumed run must be
+    traceable to one committed revision.
+    """
+    directory = os.environ.get(ENV, "")
+    if not directory:
+        return None
+    revision, dirty = git_state(checkout)
+    if revision is None or dirty:
+        raise ValueError(
+            f"${ENV} is set, but the checkout is {'dirty' if dirty else 'not a git checkout'}: "
+            "finished tasks are reused only by the same committed revision; commit (or unset "
+            f"{ENV}) first")
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"${ENV}: {directory!r} is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    return TaskCache(path, revision)
