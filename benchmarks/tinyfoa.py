@@ -595,6 +595,8 @@ def run(quick: bool):
                              metric=f"{col} (MB)", value=lm[col], paper=None))
     # Fig. 4: slices
     figures = []
+    # quick and full runs keep their own figures (each JSON shows the figures of its run)
+    prefix = "tinyfoa-quick" if quick else "tinyfoa"
     series = {}
     for arch in ("fc", "lc"):
         xs, means, stds = [], [], []
@@ -610,7 +612,7 @@ def run(quick: bool):
             stds.append(std)
         series[arch.upper()] = (xs, means, stds)
     figures.append(_plot_lines(series, "1 / M", "Fig. 4 analogue: TinyFoA error vs slices",
-                               FIGURES / "tinyfoa-slices.png", xs_log=True))
+                               FIGURES / f"{prefix}-slices.png", xs_log=True))
     # Fig. 5: data exchanges
     series = {}
     for arch in ("fc", "lc"):
@@ -628,13 +630,13 @@ def run(quick: bool):
         series[arch.upper()] = ([0, 1], means, stds)
     path = _plot_lines(series, "0: F = E exchanges, 1: F = 2 exchanges",
                        "Fig. 5 analogue: fewer RAM↔Flash exchanges",
-                       FIGURES / "tinyfoa-exchanges.png")
+                       FIGURES / f"{prefix}-exchanges.png")
     figures.append(path)
     points = {}
     for name in ("TinyFoA", "BP+BW+BA", "DRTP+BW+BA", "PEPITA+BW+BA", "FF+BW+BA", "BP+BW+BA+V"):
         total = sum(mem[name][c] for c in ("forward", "gradient", "update"))
         points[name] = (total, statistics.fmean(results[("t1", "mnist", name, "fc", 2)]))
-    figures.append(_plot_scatter(points, FIGURES / "tinyfoa-error-memory.png"))
+    figures.append(_plot_scatter(points, FIGURES / f"{prefix}-error-memory.png"))
     # Diagnostics
     if cfg["equal_updates"]:
         mean, std = _mean_std(results[("equal", "mnist", "TinyFoA", "fc", 2)])
