@@ -231,8 +231,11 @@ _STOP_IN_IMPORT = textwrap.dedent("""
 def test_ctrl_c_while_the_commands_load_exits_130_without_a_traceback(module):
     """`import bpfree.cli` does not load torch; SIGINT while build_parser() loads it is
     answered like any other Ctrl-C: one line, status 130, whatever library is importing."""
+    # A suite started in the background (nohup, `cmd &` in a script) runs with SIGINT
+    # ignored, which a child inherits: give the child Python's own Ctrl-C, as a terminal would.
     proc = subprocess.Popen([sys.executable, "-c", _STOP_IN_IMPORT, module],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         ready = proc.stdout.readline()
         assert ready == "ready\n", (ready, proc.communicate(timeout=120))
@@ -248,16 +251,20 @@ def test_ctrl_c_in_a_command_is_a_keyboard_interrupt_again(monkeypatch, capsys):
     """The exit-at-once handler covers the imports only: in the command, Ctrl-C is Python's
     KeyboardInterrupt again (the command's clean-up runs), and main() leaves SIGINT as it
     found it."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # as in a terminal, even when the suite itself runs in the background with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def run(*args, **kwargs):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "run_benchmark", run)
-    assert cli.main(["bench", "smoke"]) == 130
-    assert capsys.readouterr().err == "bpfree: interrupted\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    try:
+        assert cli.main(["bench", "smoke"]) == 130
+        assert capsys.readouterr().err == "bpfree: interrupted\n"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_demo_seed_out_of_range_names_the_option(capsys):
