@@ -187,6 +187,26 @@ def test_bad_json_paths_are_refused_before_any_work(command, bad, tmp_path, monk
     assert err.startswith("bpfree: error: --json: ") and err.count("\n") == 1
 
 
+def test_a_missing_output_folder_is_announced_before_the_work_and_created(tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "smoke.json"
+    seen = []
+
+    def record_stderr_then_run(*args, **kwargs):
+        seen.append(capsys.readouterr().err)  # what the user saw before the work began
+        return real_run(*args, **kwargs)
+
+    real_run = runner.run_benchmark
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "run_benchmark", record_stderr_then_run)
+        assert cli.main(["bench", "smoke", "--quick", "--json", str(out), "--allow-dirty"]) == 0
+    assert seen == [f"bpfree: note: --json: folder {str(tmp_path / 'new')!r} does not exist; "
+                    "it will be created when the file is written\n"]
+    assert json.loads(out.read_text())["quick"] is True
+    # An existing folder gets no note.
+    assert cli.main(["bench", "smoke", "--quick", "--json", str(out), "--allow-dirty"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_docs_out_is_checked_before_reading_results(tmp_path, capsys):
     assert cli.main(["docs", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
