@@ -98,3 +98,14 @@ def test_stale_temporaries_of_one_file_are_removed(tmp_path):
     assert io.remove_stale_temporaries(target) == [stale, probe]
     assert not stale.exists() and not probe.exists() and other.exists() and mine_not.exists()
     assert io.remove_stale_temporaries(Path("/nonexistent-dir/x")) == []
+
+
+def test_first_missing_folder_names_the_outermost_folder_a_write_creates(tmp_path):
+    root = Path(os.path.realpath(tmp_path))
+    assert io.first_missing_folder(root / "x.json") is None
+    assert io.first_missing_folder(root / "a" / "b" / "x.json") == root / "a"
+    (root / "a").mkdir()
+    assert io.first_missing_folder(root / "a" / "b" / "x.json") == root / "a" / "b"
+    # check_output_path accepts the same path (the folders are created at write time)
+    io.check_output_path(root / "a" / "b" / "x.json", what="--json")
+    assert not (root / "a" / "b").exists()

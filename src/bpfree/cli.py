@@ -16,10 +16,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 
 from bpfree import __version__
-from bpfree.io import check_output_path
+from bpfree.io import check_output_path, first_missing_folder
 
 PROG = "bpfree"
 
@@ -237,22 +236,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for name in _OUTPUT_OPTIONS:
         value = getattr(args, name, None)
         if isinstance(value, str):
-            target = check_output_path(value, what=f"--{name}")
-            missing = _first_missing_folder(target)
+            check_output_path(value, what=f"--{name}")
+            missing = first_missing_folder(value)
             if missing is not None:
                 # Said before the work, so a mistyped folder shows now, not after the run.
                 print(f"{PROG}: note: --{name}: folder {str(missing)!r} does not exist; "
                       "it will be created when the file is written", file=sys.stderr)
-
-
-def _first_missing_folder(target: Path) -> Path | None:
-    """The outermost folder above ``target`` that does not exist yet, or None."""
-    missing = None
-    folder = target.absolute().parent
-    while not folder.exists():
-        missing = folder
-        folder = folder.parent
-    return missing
 
 
 def _error(message: str, hint: str = "") -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_output_path",
+    "first_missing_folder",
     "remove_stale_temporaries",
     "write_json",
 ]
@@ -64,9 +65,8 @@ def check_output_path(path: str | os.PathLike, *, what: str = "output") -> Path:
     shown = repr(os.fspath(path))
     target = _target(path, what)
     _refuse_non_file(target, shown, what)
-    folder = target.parent
-    while not folder.exists():
-        folder = folder.parent
+    missing = first_missing_folder(target)
+    folder = target.parent if missing is None else missing.parent
     if not folder.is_dir():
         raise ValueError(f"{what}: cannot write {shown}: {folder} is a file, not a directory")
     try:
@@ -77,6 +77,17 @@ def check_output_path(path: str | os.PathLike, *, what: str = "output") -> Path:
         raise ValueError(f"{what}: cannot write {shown}: {folder} is not writable "
                          f"({err.strerror or err})") from None
     return Path(path)
+
+
+def first_missing_folder(path: str | os.PathLike) -> Path | None:
+    """The outermost folder above ``path`` that does not exist yet (the one a write would
+    create first), or None when the file's folder exists. Symlinks are followed."""
+    missing = None
+    folder = Path(os.path.realpath(os.fspath(path))).parent
+    while not folder.exists():
+        missing = folder
+        folder = folder.parent
+    return missing
 
 
 def _fsync_directory(directory: Path) -> None:
