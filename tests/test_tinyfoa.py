@@ -549,6 +549,9 @@ def test_run_job_scores_a_diverging_rate_as_failed():
     instead of aborting every other job of the benchmark."""
     from _tinyfoa_experiment import run_job
 
+    from bpfree.data.paths import require_data_root
+
+    require_data_root("mitdb", ("100.hea", "100.dat", "100.atr"))  # the job reads MIT-BIH
     job = dict(dataset="mitbih", method="BP", arch="fc", m=2, seed=0, epochs=1, batch=64,
                train=300, test=100, width=16, exchanges=None, visits=1, lr=1e30)
     out, err = run_job(job)
