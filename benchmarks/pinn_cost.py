@@ -1,8 +1,9 @@
-"""Projected CPU time of the full `bench pinn` run, from measured loss-evaluation times of its tasks.
+"""Projected CPU time of the planned full `bench pinn` run (3000 steps at 64 + 128 points), from measured loss-evaluation times of its tasks.
 
-Every (kind, network, derivative backend) run of pinn's full configuration (HJB-20, 768-wide
-networks, batch 64 interior + 128 terminal points, 3 seeds, ``fo_steps`` / ``zo_steps`` steps;
-TT-ZO §5.2 states no step count, 3000 is ours) is built as `bench pinn` builds it (same
+Every (kind, network, derivative backend) run of pinn's planned full configuration
+(``pinn.planned_config``: HJB-20, 768-wide networks, batch 64 interior + 128 terminal points,
+3 seeds, ``fo_steps`` / ``zo_steps`` steps; TT-ZO §5.2 states no step count, 3000 is ours;
+the full run itself trains ``pinn.FITTED_STEPS`` steps at 8 + 32 points to fit 2.5 h) is built as `bench pinn` builds it (same
 networks, same backends), and one step's work is timed on one thread as CPU seconds
 (``time.process_time``: robust to other jobs sharing the machine), median over repeats after
 one warm-up:
@@ -96,7 +97,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     from bpfree.pinn import HJB, pinn_loss, train_zo, transformed
 
     torch.set_num_threads(1)
-    cfg = pinn._config(False)
+    cfg = pinn.planned_config()
     problem = HJB(20)
     val = problem.validation_points(1000, seed=pinn.VAL_SEED)
     batch = problem.sample(cfg["batch"], cfg["n_initial"],

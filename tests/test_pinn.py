@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -415,14 +416,20 @@ def test_benchmark_poisson_table_smoke():
     assert all(r["setting"] == "FC-2 32 (2-32-1 sine), 129 params" for r in rows)
 
 
-def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
-    from bpfree.bench.runner import validate_rows
-
+def _tiny_bench(tmp_path, monkeypatch):
+    """The pinn benchmark with a few-step config, writing under ``tmp_path``."""
     bench = _pinn_bench()
     original = bench._config
     monkeypatch.setattr(bench, "_config", lambda quick: _tiny_config(bench, quick, original))
     monkeypatch.setattr(bench, "ROOT", tmp_path)
     monkeypatch.setattr(bench, "FIGURES", tmp_path / "figures")
+    return bench
+
+
+def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
+    from bpfree.bench.runner import validate_rows
+
+    bench = _tiny_bench(tmp_path, monkeypatch)
     rows, extra = bench._run(True)
     validate_rows(rows)
     tables = [bench.T4, bench.T5, bench.T6, bench.TD, bench.TP]
@@ -446,7 +453,13 @@ def test_cost_projection_covers_every_full_run_once_and_scales_with_steps():
     from bpfree.bench.runner import load_module
 
     bench, cost = _pinn_bench(), load_module("pinn_cost")
-    cfg = bench._config(False)
+    cfg = bench.planned_config()
+    assert (cfg["zo_steps"], cfg["batch"], cfg["n_initial"]) == (3000, 64, 128)
+    full = bench._config(False)      # the run itself: fewer steps, same networks and backends
+    assert full["zo_steps"] == full["fo_steps"] == bench.FITTED_STEPS < cfg["zo_steps"]
+    assert {k: v for k, v in full.items() if k not in ("fo_steps", "zo_steps", "batch",
+                                                       "n_initial")} == \
+        {k: v for k, v in cfg.items() if k not in ("fo_steps", "zo_steps", "batch", "n_initial")}
     tasks = cost.full_tasks(cfg, bench._models(cfg))
     # Tables 4-5 on the two networks (4 FO + 3 ZO backends each), Table 6 adds FO-AD and
     # ZO-SG on the three other networks; the shared runs are trained (and projected) once
@@ -462,3 +475,14 @@ def test_cost_projection_covers_every_full_run_once_and_scales_with_steps():
     assert cost.largest_fitting_steps(per_step, 3, 2.5, 3000) == 2400
     assert cost.largest_fitting_steps(per_step, 3, 2.5, 1000) == 1000
     assert cost.largest_fitting_steps({("FO", "a", "AD"): 0.0}, 3, 2.5, 3000) == 3000
+
+
+def test_benchmark_full_mode_claims_say_the_fitted_budget(tmp_path, monkeypatch):
+    bench = _tiny_bench(tmp_path, monkeypatch)
+    rows, extra = bench._run(False)
+    assert {r["method"] for r in rows if r["table"] == bench.T6} >= {"FC-3 768", "TT-3"}
+    for c in extra["claims"]:
+        assert "§5.2 states no step count" in c["note"], c["id"]
+        assert "unmeasured number of wall hours" in c["note"]      # no pinn-cost.json in ROOT
+    monkeypatch.setattr(bench, "ROOT", Path(__file__).resolve().parent.parent)
+    assert bench._planned_wall_hours() == "134"          # results/pinn-cost.json, 92b924c
