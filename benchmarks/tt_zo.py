@@ -14,6 +14,9 @@ split (QUICK_LR x LR_FACTORS), RGE / signRGE mu = 0.01 and a larger CGE step in 
 (QUICK_ZO_MU, QUICK_CGE_LR_SCALE); the full mode uses the paper's settings (all of MNIST,
 full CGE, nothing searched) for FULL_EPOCHS of the paper's 100 epochs, the budget that fits the
 issue's 2.5 hours on 2 CPU cores (results/tt-zo-cost.json); its ledger says so in every claim.
+FO-AD on the TT-MLPs also runs for the paper's full 100 epochs (FO_REFERENCE: cheap, one
+forward and backward per step): the near-FO claims compare the hybrid with that FO, not with
+an FO cut to FULL_EPOCHS, which at lr 1e-3 is far from trained.
 """
 
 from __future__ import annotations
@@ -101,6 +104,13 @@ FULL_EPOCHS = 8
 #: reach 85 %; a small part of the projection (its tt6/cge row in results/tt-zo-cost.json), so
 #: it is not cut with FULL_EPOCHS.
 FULL_CGE_EPOCHS = 5
+#: Task key of the full mode's FO-AD reference on the TT-MLPs: FO SGD at the paper's full
+#: PAPER_EPOCHS (one forward and backward per step, minutes per run, so not cut), the
+#: baseline the "hybrid comes within 1 point of FO" claims compare with. At FULL_EPOCHS
+#: FO SGD at lr 1e-3 is far from trained (results/tt-zo.json of 7350ee4: 84.0 % on TT-MLP
+#: r=6 against the paper's 97.16) and those claims held only because the FO baseline lagged.
+FO_REFERENCE = "fo-paper-epochs"
+FO_REFERENCE_METRIC = f"FO-AD at the paper's {PAPER_EPOCHS} epochs"
 
 
 def full_hybrid(epochs: int) -> dict:
@@ -163,6 +173,9 @@ def below_budget(cfg: dict) -> str:
             + (f"; the hybrid switches to CGE after at most "
                f"{cfg['hybrid']['max_coarse_epochs']} signRGE epochs (the paper's stall test "
                "alone never fires this early)" if cfg["hybrid"].get("max_coarse_epochs") else "")
+            + (f"; FO-AD on the TT-MLPs is also trained for the paper's {PAPER_EPOCHS} epochs "
+               "(FO_REFERENCE), the baseline of the near-FO claims" if epochs < PAPER_EPOCHS
+               else "")
             + "; every other setting is the paper's.")
 
 
@@ -197,6 +210,9 @@ def _tasks(cfg: dict, device: str, seed: int = SEED, lrs: dict | None = None) ->
             key = (f"tt{r}", m)
             tasks[key] = dict(base, model="tt", rank=r, method=m, lr=lr(key),
                               method_kwargs=kwargs(m))
+        if not quick and cfg["chunks"] < PAPER_EPOCHS:
+            tasks[(f"tt{r}", FO_REFERENCE)] = dict(tasks[(f"tt{r}", "fo")],
+                                                   epochs=PAPER_EPOCHS)
     for net in ("mlp", "small-mlp", "sp"):
         for m in ("fo", "sign_rge", "hybrid"):
             t = dict(base, model=net, method=m, lr=lr((net, m)), method_kwargs=kwargs(m))
@@ -440,6 +456,14 @@ def ledger(acc: dict, queries: dict, below: str = "") -> list[dict]:
     note = below or None
     out = []
 
+    def fo(net):
+        """The FO baseline of ``net``: FO at the paper's 100 epochs where the run has it."""
+        return (net, FO_REFERENCE) if (net, FO_REFERENCE) in acc else (net, "fo")
+
+    fo_note = "; ".join(t for t in (
+        f"FO-AD here is the reference trained for the paper's {PAPER_EPOCHS} epochs, the "
+        "hybrid is not" if fo("tt6")[1] == FO_REFERENCE else None, below) if t) or None
+
     def versus(cid, ref, statement, win, lose, paper, extra_note=None):
         """``win`` beats ``lose`` on the seed mean."""
         text = "; ".join(t for t in (extra_note, below) if t) or None
@@ -451,8 +475,8 @@ def ledger(acc: dict, queries: dict, below: str = "") -> list[dict]:
         "ttzo-t1-hybrid-near-fo", "Table 1 (TT-MLP)",
         "Hybrid ZO on the TT-MLP (r=6) comes within 1 point of FO training of the same network",
         paper=f"{PAPER_T1['tt6'][3]} vs {PAPER_T1['tt6'][1]} %",
-        ours=f"{_spread(acc[('tt6', 'hybrid')])} vs {_spread(acc[('tt6', 'fo')])} %",
-        holds=m[("tt6", "hybrid")] >= m[("tt6", "fo")] - 1.0, note=note))
+        ours=f"{_spread(acc[('tt6', 'hybrid')])} vs {_spread(acc[fo('tt6')])} %",
+        holds=m[("tt6", "hybrid")] >= m[fo("tt6")] - 1.0, note=fo_note))
     nets = ("tt6", "small-mlp", "sp")
     wins = [n for n in nets if m[(n, "hybrid")] > m[(n, "sign_rge")]]
     out.append(claim(
@@ -483,14 +507,14 @@ def ledger(acc: dict, queries: dict, below: str = "") -> list[dict]:
         holds=all(a > b for a, b in zip(rge, rge[1:])),
         note=("see the 'RGE cosine at init' rows for the estimator's alignment per rank"
               + (f"; {below}" if below else ""))))
-    gaps = {r: m[(f"tt{r}", "fo")] - m[(f"tt{r}", "hybrid")] for r in ranks}
+    gaps = {r: m[fo(f"tt{r}")] - m[(f"tt{r}", "hybrid")] for r in ranks}
     out.append(claim(
         "ttzo-t2-hybrid-near-fo-every-rank", "Table 2 (Hybrid ZO vs FO-AD)",
         "At every compression ratio the hybrid comes within 1 point of FO training",
         paper="gaps " + ", ".join(f"r={r}: {PAPER_T2[r][2] - PAPER_T2[r][5]:.2f}"
                                   for r in ranks),
         ours="gaps " + ", ".join(f"r={r}: {gaps[r]:.1f}" for r in ranks),
-        holds=all(g <= 1.0 for g in gaps.values()), note=note))
+        holds=all(g <= 1.0 for g in gaps.values()), note=fo_note))
     proposed = PAPER_T3["TT-HZO (proposed)"][2]
     out.append(versus(
         "ttzo-t3-tt-hzo-beats-dense-hzo", "Table 3 (HZO vs TT-HZO)",
@@ -577,6 +601,9 @@ def run(quick: bool):
         for m, metric, paper in (("fo", "FO", p_fo), ("sign_rge", "ZO-signRGE", p_sign),
                                  ("hybrid", "Hybrid ZO", p_hyb)):
             accuracy_rows(T1, LABELS[net], (net, m), metric, paper, setting)
+        if (net, FO_REFERENCE) in acc:
+            accuracy_rows(T1, LABELS[net], (net, FO_REFERENCE), FO_REFERENCE_METRIC, p_fo,
+                          f"FO {_budget(first[(net, FO_REFERENCE)])}")
 
     # Table 2.
     fo_dense = first[("mlp", "fo")]
@@ -593,6 +620,9 @@ def run(quick: bool):
                                  ("sign_rge", "ZO-signRGE", p_sign),
                                  ("hybrid", "Hybrid ZO", p_hyb)):
             accuracy_rows(T2, label, (f"tt{r}", m), metric, paper, setting)
+        if (f"tt{r}", FO_REFERENCE) in acc:
+            accuracy_rows(T2, label, (f"tt{r}", FO_REFERENCE), FO_REFERENCE_METRIC, p_fo,
+                          _budget(first[(f"tt{r}", FO_REFERENCE)]))
     diagnostic = _rge_diagnostic(cfg)
     for d in diagnostic:
         for mu, cos in d["cosine"].items():

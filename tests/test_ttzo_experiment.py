@@ -169,6 +169,9 @@ def test_cost_projection_uses_the_full_modes_epochs():
     cfg = tt_zo._settings(False)
     steps = cost._steps_of(cfg, 860)
     assert steps.pop("tt6/cge") == (tt_zo.FULL_CGE_EPOCHS, 860)
+    # the FO references of the near-FO claims run the paper's epochs, on every TT rank
+    refs = {k: steps.pop(k) for k in list(steps) if k.endswith("/" + tt_zo.FO_REFERENCE)}
+    assert refs == {f"tt{r}/{tt_zo.FO_REFERENCE}": (tt_zo.PAPER_EPOCHS, 860) for r in cfg["ranks"]}
     assert set(steps.values()) == {(tt_zo.FULL_EPOCHS, 860)}
     paper = cost._steps_of(cost._with_epochs(cfg, tt_zo.PAPER_EPOCHS), 860)
     assert paper["tt10/hybrid"] == paper["mlp/sign_rge"] == (100, 860)
@@ -197,3 +200,7 @@ def test_full_mode_runs_end_to_end_on_a_tiny_budget(monkeypatch, tmp_path):
     assert hybrids and all(extra["runs"][k]["switch_epoch"] is not None for k in hybrids)
     assert extra["claims"] and not extra["paper_budget"]
     assert all("Below the paper's budget" in c["note"] for c in extra["claims"])
+    refs = [r for r in rows if r["metric"] == mod.FO_REFERENCE_METRIC]
+    assert {r["table"] for r in refs} == {mod.T1, mod.T2} and len(refs) == 1 + 3
+    assert all(f"/{mod.FO_REFERENCE}/" not in k or extra["runs"][k]["steps"] == 100 * 4
+               for k in extra["runs"])              # 100 epochs of 256 images, batch 64 -> 4

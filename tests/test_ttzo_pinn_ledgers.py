@@ -77,6 +77,24 @@ def test_ttzo_ledger_fails_the_claim_its_rows_break(overrides, failing):
     assert all(c["holds"] is True for i, c in claims.items() if i not in failing)
 
 
+def test_ttzo_near_fo_claims_read_the_paper_epoch_fo_reference_when_run():
+    """The full run's case: FO at FULL_EPOCHS lags (84 %), so against it the hybrid "holds"
+    by a negative gap; the FO trained for the paper's 100 epochs is the reference."""
+    acc = _ttzo_acc()
+    for r, ref in ((4, 96.5), (6, 97.2), (10, 97.3)):
+        acc[(f"tt{r}", "fo")] = [83.9, 84.0, 84.1]                  # under-trained
+        acc[(f"tt{r}", tt_zo.FO_REFERENCE)] = [ref - 0.1, ref, ref + 0.1]
+    claims = _by_id(tt_zo.ledger(acc, _queries()))
+    assert claims["ttzo-t1-hybrid-near-fo"]["holds"] is True         # 96.6 vs 97.2
+    assert "97.2" in claims["ttzo-t1-hybrid-near-fo"]["ours"]
+    assert "paper's 100 epochs" in claims["ttzo-t1-hybrid-near-fo"]["note"]
+    acc[("tt6", tt_zo.FO_REFERENCE)] = [98.9, 99.0, 99.1]            # FO pulls away
+    claims = _by_id(tt_zo.ledger(acc, _queries()))
+    assert claims["ttzo-t1-hybrid-near-fo"]["holds"] is False
+    assert claims["ttzo-t2-hybrid-near-fo-every-rank"]["holds"] is False
+    assert "r=6: 2.4" in claims["ttzo-t2-hybrid-near-fo-every-rank"]["ours"]
+
+
 def test_ttzo_query_claim_not_measured_fails_and_lower_bound():
     fig1 = "ttzo-fig1-signrge-fewer-queries"
     # signRGE never reaches 85 %: nothing measured
