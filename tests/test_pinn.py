@@ -486,3 +486,18 @@ def test_benchmark_full_mode_claims_say_the_fitted_budget(tmp_path, monkeypatch)
         assert "unmeasured number of wall hours" in c["note"]      # no pinn-cost.json in ROOT
     monkeypatch.setattr(bench, "ROOT", Path(__file__).resolve().parent.parent)
     assert bench._planned_wall_hours() == "134"          # results/pinn-cost.json, 92b924c
+
+
+def test_poisson_sigma_facts_match_the_closed_form():
+    bench = _pinn_bench()
+    pts = torch.rand(200, 2, generator=torch.Generator().manual_seed(0))
+    for sigma in (0.1, 0.05):
+        f = bench._poisson_sigma_facts(sigma, pts)
+        assert f["factor"] == pytest.approx(math.exp(-(sigma * math.pi) ** 2))
+        u2 = (torch.sin(math.pi * pts[:, 0].double()) * torch.sin(math.pi * pts[:, 1].double())) ** 2
+        assert f["mse_floor"] == pytest.approx((1 - f["factor"]) ** 2 * float(u2.mean()))
+        # a level-3 Gauss-Hermite grid integrates e^(iπδ) to within a few % at σ ≤ 0.1:
+        # its Laplacian of sin·sin is a slightly damped Δu, the damping growing with σ
+        assert f["factor"] < f["grid_laplacian_ratio"] < 1.0
+    assert bench._poisson_sigma_facts(0.1, pts)["grid_laplacian_ratio"] < \
+        bench._poisson_sigma_facts(0.05, pts)["grid_laplacian_ratio"]
