@@ -367,27 +367,12 @@ def rge_cosine(model, x, y, mu: float, queries: int = 10, draws: int = 10,
     """Mean cosine between an RGE estimate (N Gaussian directions, forward differences, eq. 4)
     and the true gradient of the mini-batch loss at ``model``'s current parameters."""
     import torch
-    from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    loss_fn = torch.nn.functional.cross_entropy
-    model.zero_grad(set_to_none=True)
-    loss_fn(model(x), y).backward()
-    true = torch.cat([p.grad.reshape(-1) for p in params])
-    theta = parameters_to_vector(params).detach().clone()
-    gen = torch.Generator().manual_seed(seed)
-    cosines = []
-    with torch.no_grad():
-        base = loss_fn(model(x), y)
-        for _ in range(draws):
-            est = torch.zeros_like(theta)
-            for _ in range(queries):
-                u = torch.randn(theta.shape, generator=gen)
-                vector_to_parameters(theta + mu * u, params)
-                est += (loss_fn(model(x), y) - base) / mu * u
-            vector_to_parameters(theta, params)
-            cosines.append(float(torch.nn.functional.cosine_similarity(est, true, dim=0)))
-    return sum(cosines) / len(cosines)
+    from bpfree.estimators.alignment import rge_alignment
+
+    return rge_alignment(list(model.parameters()),
+                         lambda: torch.nn.functional.cross_entropy(model(x), y), mu,
+                         queries=queries, draws=draws, seed=seed)["cosine"]
 
 
 def _rge_diagnostic(cfg: dict) -> list[dict]:

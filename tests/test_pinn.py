@@ -432,7 +432,7 @@ def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
     bench = _tiny_bench(tmp_path, monkeypatch)
     rows, extra = bench._run(True)
     validate_rows(rows)
-    tables = [bench.T4, bench.T5, bench.T6, bench.TD, bench.TP]
+    tables = [bench.T4, bench.T5, bench.T6, bench.TD, bench.TZ, bench.TP]
     assert sorted({r["table"] for r in rows}) == sorted(tables)
     for table, metric in ((bench.T4, "train time (s, mean over seeds)"),
                           (bench.T5, "train time (s, mean over seeds)"),
@@ -444,6 +444,14 @@ def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
     assert {"FO-AD train time (s, mean over seeds)", "ZO-SG train time (s, mean over seeds)"} <= t6
     ids = {c["id"] for c in extra["claims"]}
     assert {"pinn-t4-fo-sg-beats-se", "pinn-t5-zo-sg-best", "pinn-t6-sp-best-fo"} <= ids
+    probe = extra["zo_investigation"]
+    assert sorted(probe["alignment"]) == sorted(f"{m:g}" for m in bench.ALIGNMENT_MUS)
+    assert sorted(probe["ablation"]) == sorted(f"{m:g}" for m in bench.ABLATION_MUS)
+    d = 7745                                  # the paper's TT-3 768, whatever the mode
+    assert probe["alignment"]["0.1"]["ideal_cosine"] == pytest.approx(math.sqrt(10 / d))
+    # a ten times larger radius: ten times the perturbation relative to the weights
+    assert probe["alignment"]["0.1"]["perturbation_to_weights"] == \
+        pytest.approx(10 * probe["alignment"]["0.01"]["perturbation_to_weights"])
     assert all("Below the paper's budget" in c["note"] for c in extra["claims"])
     assert any("Poisson-2D table (quick)" in n for n in extra["notes"])
     assert all((tmp_path / f["path"]).exists() for f in extra["figures"])
