@@ -31,7 +31,7 @@ def test_small_radius_reaches_sqrt_n_over_d_and_a_huge_one_loses_the_gradient():
     assert 0.6 * ideal < small["cosine"] < 1.6 * ideal
     assert abs(big["cosine"]) < 0.5 * ideal
     assert big["median_relative_change"] > 100 * small["median_relative_change"]
-    assert big["perturbation_to_weights"] == pytest.approx(10.0 * math.sqrt(d) / float(w.norm()))
+    assert big["perturbation_to_weights"] == pytest.approx(10.0 * math.sqrt(d) / float(w.detach().norm()))
 
 
 @pytest.mark.parametrize("kwargs", [dict(mu=0.0), dict(mu=float("nan")), dict(mu=0.1, queries=0),
