@@ -33,6 +33,14 @@ SEEDS = (0, 1, 2)
 VAL_SEED, TEST_SEED = 1234, 4321   # two disjoint draws of 1000 points: validation vs test
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
 SEED = 0
+PAPER_MU = 0.1       # §5.2: ZO-signRGE radius
+#: Full mode's search, one per run on seed 0 with SEARCH_FRACTION of its steps, scored on the
+#: validation points: ZO tries μ in ZO_MUS (the paper's and two smaller: at 0.1 a Gaussian
+#: perturbation is 0.56 of ‖θ‖ on TT-3 768 and the RGE estimate loses the gradient, see the
+#: zo_investigation rows), FO tries its lr × FO_LR_FACTORS: the same budget for both.
+ZO_MUS = (0.1, 0.01, 0.001)
+FO_LR_FACTORS = (1 / 3, 1.0, 3.0)
+SEARCH_FRACTION = 0.25
 FITTED_STEPS = 250   # full-mode FO and ZO steps: what fits 2.5 h on 2 cores (see _config)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +85,7 @@ def _config(quick: bool) -> dict:
     # per residual point make SE/SG cost linear in the batch, and ~1.7 h fits the 2.5 h limit.
     return dict(width=768, fo_steps=FITTED_STEPS, zo_steps=FITTED_STEPS, batch=8, n_initial=32,
                 fo_lr=1e-3, zo_lr=1e-3, full_mlp=True, time_repeats=5, seeds=SEEDS,
-                poisson=dict(poisson, fo_steps=2000, zo_steps=4000))
+                search=True, poisson=dict(poisson, fo_steps=2000, zo_steps=4000))
 
 
 def planned_config() -> dict:
@@ -126,7 +134,10 @@ def _backend(name, seed: int = 0):
                                 "SG": {"sigma": 0.1, "level": 3}}[name])
 
 
-def _train(kind, model_name, backend_name, cfg, problem, val, test, seed: int = 0):
+def _train(kind, model_name, backend_name, cfg, problem, val, test, seed: int = 0,
+           choice: float | None = None, steps: int | None = None):
+    """One run. ``choice`` overrides FO's lr or ZO's μ (the search's winner or candidate);
+    ``steps`` shortens the run; ``test=None`` (a search candidate): no test MSE, no timing."""
     import torch
 
     from bpfree.pinn import pinn_loss, train_fo, train_zo, transformed, validation_mse
@@ -138,10 +149,13 @@ def _train(kind, model_name, backend_name, cfg, problem, val, test, seed: int = 
                   val_points=val,
                   log_every=max(1, cfg["zo_steps"] // 10))
     if kind == "FO":
-        res = train_fo(net, problem, backend, steps=cfg["fo_steps"], lr=cfg["fo_lr"], **common)
+        res = train_fo(net, problem, backend, steps=steps or cfg["fo_steps"],
+                       lr=choice or cfg["fo_lr"], **common)
     else:
-        res = train_zo(net, problem, backend, steps=cfg["zo_steps"], lr=cfg["zo_lr"],
-                       num_queries=10, mu=0.1, **common)
+        res = train_zo(net, problem, backend, steps=steps or cfg["zo_steps"], lr=cfg["zo_lr"],
+                       num_queries=10, mu=choice or PAPER_MU, **common)
+    if test is None:
+        return res
     batch = problem.sample(cfg["batch"], cfg["n_initial"],
                            generator=torch.Generator().manual_seed(99))
 
@@ -400,6 +414,38 @@ def derivative_errors(net, problem, points) -> dict:
     return out
 
 
+def search_candidates(kind: str, cfg: dict) -> list[float]:
+    """FO: lr × FO_LR_FACTORS around the config's lr; ZO: μ in ZO_MUS."""
+    if kind == "FO":
+        return [cfg["fo_lr"] * f for f in FO_LR_FACTORS]
+    return list(ZO_MUS)
+
+
+def search_choice(kind, model_name, backend_name, cfg, problem, val) -> tuple[float, dict]:
+    """The candidate (FO lr or ZO μ) with the lowest validation MSE after SEARCH_FRACTION of
+    the run's steps on seed 0; ties and non-finite scores keep the earlier candidate (the
+    paper's μ first, the smaller lr first). Returns (choice, {candidate: score})."""
+    steps = max(1, math.ceil(SEARCH_FRACTION * cfg["fo_steps" if kind == "FO" else "zo_steps"]))
+    scores = {}
+    for c in search_candidates(kind, cfg):
+        try:
+            scores[f"{c:.3g}"] = _train(kind, model_name, backend_name, cfg, problem, val, None,
+                                        0, choice=c, steps=steps).val_mse
+        except FloatingPointError:
+            scores[f"{c:.3g}"] = float("inf")
+    return pick_lowest(search_candidates(kind, cfg), list(scores.values())), scores
+
+
+def pick_lowest(candidates, scores) -> float:
+    """The candidate with the lowest finite score, the earliest on ties (none finite: the
+    first)."""
+    best = 0
+    for i, v in enumerate(scores):
+        if math.isfinite(v) and (not math.isfinite(scores[best]) or v < scores[best]):
+            best = i
+    return candidates[best]
+
+
 def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
     """Why ZO stays near the untrained MSE: the signRGE step at the paper's μ = 0.1.
 
@@ -471,11 +517,17 @@ def _run(quick: bool):
         label = {"TT-3": f"TT-3 {w} (rank 8)", "SP-3": f"SP-3 {w}"}.get(model_name, model_name)
         return f"{label}, {n} params"
 
+    search: dict = {}
+
     def train(kind, model_name, b):
         """Every seed of one run, cached: (kind, network, backend) -> list of results."""
         key = (kind, model_name, b)
         if key not in runs:
-            runs[key] = [_train(kind, model_name, b, cfg, problem, val, test, seed)
+            choice = None
+            if cfg.get("search"):
+                choice, scores = search_choice(kind, model_name, b, cfg, problem, val)
+                search[" ".join(key)] = {"candidates": scores, "chosen": choice}
+            runs[key] = [_train(kind, model_name, b, cfg, problem, val, test, seed, choice)
                          for seed in seeds]
         return runs[key]
 
@@ -565,7 +617,8 @@ def _run(quick: bool):
     notes += [
         f"Settings ({mode}): width {w} for TT-3/SP-3, FO {cfg['fo_steps']} Adam steps "
         f"(lr {cfg['fo_lr']}, cosine), ZO {cfg['zo_steps']} ZO-signRGE steps (lr {cfg['zo_lr']}, "
-        f"cosine, μ = 0.1, N = 10, Gaussian directions), {cfg['batch']} residual + "
+        f"cosine, μ = {PAPER_MU}" + (" unless searched" if cfg.get("search") else "")
+        + f", N = 10, Gaussian directions), {cfg['batch']} residual + "
         f"{cfg['n_initial']} terminal points per step, fresh each step; total training "
         f"{total:.0f} s.",
         f"MSE of the untrained TT-3 network (seed {seeds[0]}) on the validation points: "
@@ -595,7 +648,12 @@ def _run(quick: bool):
         "after, no loss-time repeats), on at most 2 CPU threads unless a GPU is used.",
         f"Learning rates ({mode}): FO {cfg['fo_lr']}, ZO {cfg['zo_lr']}"
         + (" (the paper's)." if not quick else " (quick: chosen on the validation points, "
-           "never on the test points)."),
+           "never on the test points).")
+        + (f" Search (full): every HJB run first tries, on seed 0 for {SEARCH_FRACTION:.0%} "
+           f"of its steps, FO lr × {list(FO_LR_FACTORS)} or ZO μ in {list(ZO_MUS)} (the "
+           "same number of candidates and steps for both), scored by validation MSE; the "
+           "seeds then train with the winner ('search' holds every candidate's score)."
+           if cfg.get("search") else ""),
         f"Poisson-2D table ({mode}): −Δu = 2π² sin(πx) sin(πy) on [0,1]², u = 0 on the "
         f"boundary, exact u = sin(πx) sin(πy), learned from scratch by a 2-{pc['width']}-1 sine "
         f"MLP: FO {pc['fo_steps']} Adam steps (lr {pc['fo_lr']}, cosine), ZO {pc['zo_steps']} "
@@ -624,5 +682,6 @@ def _run(quick: bool):
                      "MLP rows; the MSEs show the comparison's shape, not the paper's values.")
     return rows, {"claims": claims, "figures": figs, "notes": notes,
                   "derivative_errors": errors, "zo_investigation": zo_probe,
+                  "search": search,
                   "per_seed_test_mse": {f"{k} {m} {b}": [r.test_mse for r in v]
                                         for (k, m, b), v in runs.items()}}

@@ -489,6 +489,14 @@ def test_benchmark_full_mode_claims_say_the_fitted_budget(tmp_path, monkeypatch)
     bench = _tiny_bench(tmp_path, monkeypatch)
     rows, extra = bench._run(False)
     assert {r["method"] for r in rows if r["table"] == bench.T6} >= {"FC-3 768", "TT-3"}
+    # the full mode's search ran on seed 0 and is recorded, every candidate scored
+    search = extra["search"]
+    assert "ZO TT-3 SG" in search and "FO TT-3 AD" in search
+    assert sorted(search["ZO TT-3 SG"]["candidates"]) == sorted(f"{m:.3g}" for m in bench.ZO_MUS)
+    for entry in search.values():
+        scores = entry["candidates"]
+        assert scores[f"{entry['chosen']:.3g}"] == min(scores.values())
+    assert any("Search (full)" in n for n in extra["notes"])
     for c in extra["claims"]:
         assert "§5.2 states no step count" in c["note"], c["id"]
         assert "unmeasured number of wall hours" in c["note"]      # no pinn-cost.json in ROOT
@@ -509,3 +517,18 @@ def test_poisson_sigma_facts_match_the_closed_form():
         assert f["factor"] < f["grid_laplacian_ratio"] < 1.0
     assert bench._poisson_sigma_facts(0.1, pts)["grid_laplacian_ratio"] < \
         bench._poisson_sigma_facts(0.05, pts)["grid_laplacian_ratio"]
+
+
+def test_search_gives_fo_and_zo_the_same_budget_and_picks_the_lowest_validation_mse():
+    bench = _pinn_bench()
+    cfg = bench._config(False)
+    assert cfg["search"] and not bench._config(True).get("search")
+    fo, zo = bench.search_candidates("FO", cfg), bench.search_candidates("ZO", cfg)
+    assert len(fo) == len(zo) == 3 and bench.PAPER_MU in zo
+    assert fo == pytest.approx([cfg["fo_lr"] / 3, cfg["fo_lr"], cfg["fo_lr"] * 3])
+    assert bench.pick_lowest([0.1, 0.01, 0.001], [3e-3, 5e-4, 9e-4]) == 0.01
+    assert bench.pick_lowest([0.1, 0.01], [1e-3, 1e-3]) == 0.1            # tie: the first
+    inf, nan = float("inf"), float("nan")
+    assert bench.pick_lowest([0.1, 0.01, 0.001], [nan, inf, 2.0]) == 0.001
+    assert bench.pick_lowest([0.1, 0.01], [nan, inf]) == 0.1
+
