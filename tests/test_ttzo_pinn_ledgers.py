@@ -315,3 +315,26 @@ def test_train_keep_best_restores_the_best_validation_epoch():
     assert torch.equal(m.model.weight, torch.eye(2))
     with pytest.raises(ValueError, match="validation"):
         train(Wrecker(), x, y, epochs=1, keep_best=True)
+
+
+def test_pinn_orderings_of_zo_runs_that_did_not_train_are_not_measured():
+    """The full run at the paper's μ = 0.1: every ZO run stayed at its untrained MSE; orderings of
+    such runs are chance, so those claims say "not measured"; near-FO still fails."""
+    mse = _pinn_mse()
+    trained = {k: 0.01 for k in mse}
+    assert _by_id(pinn.ledger(mse, moved=trained)) == _by_id(pinn.ledger(mse))
+    stalled = {**trained, **{k: 1.04 for k in mse if k[0] == "ZO"}}
+    mse[("ZO", "TT-3", "SG")] = [3e-3] * 3                       # far from FO
+    claims = _by_id(pinn.ledger(mse, moved=stalled))
+    orderings = set(pinn.ZO_ORDERINGS)
+    assert {i for i, c in claims.items() if c["holds"] is None} == orderings
+    for i in orderings:
+        assert claims[i]["note"].startswith("not measured: ZO run(s)")
+        assert "TT-3 SG 1.04" in claims[i]["note"]
+    assert claims["pinn-t5-zo-near-fo"]["holds"] is False
+    assert claims["pinn-t4-fo-sg-beats-se"]["holds"] is True
+    # one stalled Table 6 network is enough to void the Table 6 orderings, not Table 5's
+    one = {**trained, ("ZO", "FC-3 78", "SG"): 0.9}
+    claims = _by_id(pinn.ledger(_pinn_mse(), moved=one))
+    assert claims["pinn-t6-tt-best-zo"]["holds"] is None
+    assert claims["pinn-t5-zo-sg-best"]["holds"] is True
