@@ -38,7 +38,7 @@ PAPER_MU = 0.1       # §5.2: ZO-signRGE radius
 #: validation points: ZO tries μ in ZO_MUS (the paper's and two smaller: at 0.1 a Gaussian
 #: perturbation is 0.56 of ‖θ‖ on TT-3 768 and the RGE estimate loses the gradient, see the
 #: zo_investigation rows), FO tries its lr × FO_LR_FACTORS: the same budget for both.
-ZO_MUS = (0.1, 0.01, 0.001)
+ZO_MUS = (0.1, 0.01, 0.001)   # also the radii zo_investigation measures
 FO_LR_FACTORS = (1 / 3, 1.0, 3.0)
 SEARCH_FRACTION = 0.25
 FITTED_STEPS = 250   # full-mode FO and ZO steps: what fits 2.5 h on 2 cores (see _config)
@@ -54,7 +54,6 @@ TD = ("Table 5 investigation: derivative estimates' error against AD at initiali
 TP = "Poisson-2D: FO and BP-free (ZO) training from scratch (not in the paper)"
 TZ = ("Table 5 investigation: the ZO-signRGE step on the paper's TT-3 768 at μ (not in the "
       "paper)")
-ALIGNMENT_MUS = (0.1, 0.01, 0.001)   # the paper's μ and two smaller radii
 ABLATION_MUS = (0.1, 0.01)
 
 # Paper numbers (validation MSE). Table 4/5 "TT-MLP" is the 7745-parameter TT network.
@@ -460,14 +459,15 @@ def search_choice(kind, model_name, backend_name, cfg, problem, val) -> tuple[fl
     the run's steps on seed 0; ties and non-finite scores keep the earlier candidate (the
     paper's μ first, the smaller lr first). Returns (choice, {candidate: score})."""
     steps = max(1, math.ceil(SEARCH_FRACTION * cfg["fo_steps" if kind == "FO" else "zo_steps"]))
+    candidates = search_candidates(kind, cfg)
     scores = {}
-    for c in search_candidates(kind, cfg):
+    for c in candidates:
         try:
             scores[f"{c:.3g}"] = _train(kind, model_name, backend_name, cfg, problem, val, None,
                                         0, choice=c, steps=steps).val_mse
         except FloatingPointError:
             scores[f"{c:.3g}"] = float("inf")
-    return pick_lowest(search_candidates(kind, cfg), list(scores.values())), scores
+    return pick_lowest(candidates, list(scores.values())), scores
 
 
 def pick_lowest(candidates, scores) -> float:
@@ -501,7 +501,7 @@ def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
     backend = _backend("SG")
     batch = problem.sample(cfg["batch"], cfg["n_initial"],
                            generator=torch.Generator().manual_seed(7))
-    for mu in ALIGNMENT_MUS:
+    for mu in ZO_MUS:
         a = rge_alignment(list(net.parameters()),
                           lambda: pinn_loss(net, problem, backend, batch)["loss"], mu,
                           queries=10, draws=5, seed=0)
@@ -515,7 +515,7 @@ def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
                          "value": a[key], "paper": None})
     rows.append({"table": TZ, "method": "ideal", "setting": setting,
                  "metric": "ideal RGE cosine sqrt(N / d)",
-                 "value": out["alignment"][f"{ALIGNMENT_MUS[0]:g}"]["ideal_cosine"],
+                 "value": out["alignment"][f"{ZO_MUS[0]:g}"]["ideal_cosine"],
                  "paper": None})
     for mu in ABLATION_MUS:
         net = transformed(_models(wide, 0)["TT-3"](), problem)

@@ -445,7 +445,7 @@ def test_benchmark_run_smoke_has_train_time_columns(tmp_path, monkeypatch):
     ids = {c["id"] for c in extra["claims"]}
     assert {"pinn-t4-fo-sg-beats-se", "pinn-t5-zo-sg-best", "pinn-t6-sp-best-fo"} <= ids
     probe = extra["zo_investigation"]
-    assert sorted(probe["alignment"]) == sorted(f"{m:g}" for m in bench.ALIGNMENT_MUS)
+    assert sorted(probe["alignment"]) == sorted(f"{m:g}" for m in bench.ZO_MUS)
     assert sorted(probe["ablation"]) == sorted(f"{m:g}" for m in bench.ABLATION_MUS)
     d = 7745                                  # the paper's TT-3 768, whatever the mode
     assert probe["alignment"]["0.1"]["ideal_cosine"] == pytest.approx(math.sqrt(10 / d))

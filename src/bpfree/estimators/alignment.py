@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from .base import check_mu, check_positive_int
+
 __all__ = ["rge_alignment"]
 
 
@@ -30,11 +32,9 @@ def rge_alignment(params: Sequence[Tensor], loss: Callable[[], Tensor], mu: floa
     (‖μξ‖ / ‖θ‖ at the expected ‖ξ‖ = sqrt(d)) and ``ideal_cosine`` sqrt(N / d) (capped at
     1). ``params`` are left as they were.
     """
-    if not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
-        raise ValueError(f"mu must be a finite number > 0, got {mu!r}")
-    for name, v in (("queries", queries), ("draws", draws)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    mu = check_mu(mu)
+    check_positive_int("queries", queries)
+    check_positive_int("draws", draws)
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("rge_alignment needs at least one parameter with requires_grad")
