@@ -28,6 +28,11 @@ import math
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+from bpfree.bench.task_cache import from_environment as task_cache
+from bpfree.bench.task_cache import memoized
+
 NAME = "pinn"
 SEEDS = (0, 1, 2)
 VAL_SEED, TEST_SEED = 1234, 4321   # two disjoint draws of 1000 points: validation vs test
@@ -552,18 +557,34 @@ def _run(quick: bool):
         return f"{label}, {n} params"
 
     search: dict = {}
+    cache = task_cache(ROOT)    # $BPFREE_TASK_CACHE: resume a cut-off full run (hours)
 
     def train(kind, model_name, b):
-        """Every seed of one run, cached: (kind, network, backend) -> list of results."""
+        """Every seed of one run: (kind, network, backend) -> list of results. Each search
+        and each seed's run is kept in the task cache as soon as it finishes."""
         key = (kind, model_name, b)
         if key not in runs:
             choice = None
             if cfg.get("search"):
-                choice, scores = search_choice(kind, model_name, b, cfg, problem, val)
+                choice, scores = memoized(
+                    cache, search_choice, (key, cfg),
+                    lambda: search_choice(kind, model_name, b, cfg, problem, val))
                 search[" ".join(key)] = {"candidates": scores, "chosen": choice}
-            runs[key] = [_train(kind, model_name, b, cfg, problem, val, test, seed, choice)
+            runs[key] = [memoized(cache, _train, (key, cfg, seed, choice),
+                                  lambda: _train(kind, model_name, b, cfg, problem, val, test,
+                                                 seed, choice))
                          for seed in seeds]
         return runs[key]
+
+    # Train every run first, under one progress bar (a full run takes hours); the tables
+    # below read them from `runs`.
+    plan = list(dict.fromkeys(
+        [(k, m, b) for m in nets.values() for k, bs in (("FO", ("AD", "FD", "SE", "SG")),
+                                                        ("ZO", ("FD", "SE", "SG")))
+         for b in bs]
+        + [(k, m, b) for m in _models(cfg) for k, b in (("FO", "AD"), ("ZO", "SG"))]))
+    for key in tqdm(plan, desc="pinn runs", unit="run"):
+        train(*key)
 
     def mean_of(results, attr):
         return sum(getattr(r, attr) for r in results) / len(results)
@@ -719,5 +740,8 @@ def _run(quick: bool):
     return rows, {"claims": claims, "figures": figs, "notes": notes,
                   "derivative_errors": errors, "zo_investigation": zo_probe,
                   "search": search,
+                  # runs and searches finished by an earlier, cut-off run of this revision
+                  # ($BPFREE_TASK_CACHE); their train times are their own
+                  "resumed_runs": 0 if cache is None else cache.hits,
                   "per_seed_test_mse": {f"{k} {m} {b}": [r.test_mse for r in v]
                                         for (k, m, b), v in runs.items()}}

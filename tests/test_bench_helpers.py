@@ -200,3 +200,26 @@ def test_the_task_cache_needs_a_clean_committed_checkout(tmp_path, monkeypatch):
     subprocess.run(git + ["checkout", "-q", "code.py"], check=True)
     with pytest.raises(ValueError, match="not a directory"):
         task_cache.from_environment(repo)
+
+
+def test_memoized_runs_a_task_once_per_revision(tmp_path):
+    from bpfree.bench.task_cache import TaskCache, memoized
+
+    calls = []
+
+    def train(task):
+        calls.append(task)
+        return {"mse": task[1] * 2.0}
+
+    cache = TaskCache(tmp_path, salt="rev1")
+    task = ("ZO", 3)
+    assert memoized(cache, train, task, lambda: train(task)) == {"mse": 6.0}
+    # a second run of the same revision reads the stored result and does not train
+    again = TaskCache(tmp_path, salt="rev1")
+    assert memoized(again, train, task, lambda: train(task)) == {"mse": 6.0}
+    assert calls == [task] and again.hits == 1
+    # another task, another revision, or no cache at all: trained
+    memoized(again, train, ("ZO", 4), lambda: train(("ZO", 4)))
+    memoized(TaskCache(tmp_path, salt="rev2"), train, task, lambda: train(task))
+    memoized(None, train, task, lambda: train(task))
+    assert calls == [task, ("ZO", 4), task, task]

@@ -338,3 +338,29 @@ def test_pinn_orderings_of_zo_runs_that_did_not_train_are_not_measured():
     claims = _by_id(pinn.ledger(_pinn_mse(), moved=one))
     assert claims["pinn-t6-tt-best-zo"]["holds"] is None
     assert claims["pinn-t5-zo-sg-best"]["holds"] is True
+
+
+@pytest.mark.slow
+def test_pinn_full_mode_resumes_every_run_and_search_from_the_task_cache(tmp_path, monkeypatch):
+    """A full pinn run cut off by the end of a session: the next run of the revision reads
+    each finished search and seed from $BPFREE_TASK_CACHE and trains nothing again."""
+    from bpfree.bench.task_cache import TaskCache
+
+    tiny = dict(pinn._config(False), width=128, fo_steps=2, zo_steps=2, batch=2, n_initial=2,
+                time_repeats=1, seeds=(0,), full_mlp=False,
+                poisson=dict(pinn._config(False)["poisson"], fo_steps=2, zo_steps=2))
+    monkeypatch.setattr(pinn, "_config", lambda quick: tiny)
+    monkeypatch.setattr(pinn, "ROOT", tmp_path)
+    monkeypatch.setattr(pinn, "FIGURES", tmp_path / "figures")
+    monkeypatch.setattr(pinn, "task_cache", lambda root: TaskCache(tmp_path / "cache", "rev"))
+    trained = []
+    real_train = pinn._train
+    monkeypatch.setattr(pinn, "_train", lambda *a, **k: trained.append(a[:3]) or real_train(*a, **k))
+    _, first = pinn._run(False)
+    runs = 4 + 3 + 3 * 2      # FO x {AD, FD, SE, SG}, ZO x {FD, SE, SG} on TT-3; FO-AD, ZO-SG on 3 others
+    assert first["resumed_runs"] == 0 and len(trained) == runs * (1 + 3)   # seed + 3 candidates
+    trained.clear()
+    _, again = pinn._run(False)
+    assert trained == [] and again["resumed_runs"] == 2 * runs
+    assert again["per_seed_test_mse"] == first["per_seed_test_mse"]
+    assert again["search"] == first["search"]

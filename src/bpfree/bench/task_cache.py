@@ -27,7 +27,7 @@ from typing import Any
 from ..io import atomic_write_bytes
 from .environment import git_state
 
-__all__ = ["ENV", "TaskCache", "from_environment"]
+__all__ = ["ENV", "TaskCache", "from_environment", "memoized"]
 
 #: The environment variable that names the cache folder (unset or empty: no cache).
 ENV = "BPFREE_TASK_CACHE"
@@ -69,6 +69,24 @@ class TaskCache:
         """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file)."""
         atomic_write_bytes(self.path(fn, task), pickle.dumps(value, protocol=4),
                            what=f"${ENV}")
+
+
+def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, the result of ``fn`` on ``task``, kept in ``cache`` (None: no cache).
+
+    For benchmarks that train one run after another in the parent process rather than
+    through :func:`~bpfree.bench.parallel.run_keyed`: ``task`` names the run (what it
+    depends on besides the revision, e.g. ``(kind, network, seed, config)``) and must pickle;
+    ``compute`` is not called when the cache holds it.
+    """
+    if cache is None:
+        return compute()
+    found, value = cache.load(fn, task)
+    if found:
+        return value
+    value = compute()
+    cache.store(fn, task, value)
+    return value
 
 
 def from_environment(checkout: str | os.PathLike | None = None) -> TaskCache | None:
