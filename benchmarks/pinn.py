@@ -57,6 +57,8 @@ T4, T5, T6 = ("Table 4: FO training with different loss evaluations (HJB-20)",
 TD = ("Table 5 investigation: derivative estimates' error against AD at initialisation "
       "(not in the paper)")
 TP = "Poisson-2D: FO and BP-free (ZO) training from scratch (not in the paper)"
+TS = {"FO": "Search (full mode): FO learning rate, validation MSE after the search's steps",
+      "ZO": "Search (full mode): ZO-signRGE radius μ, validation MSE after the search's steps"}
 TZ = ("Table 5 investigation: the ZO-signRGE step on the paper's TT-3 768 at μ (not in the "
       "paper)")
 ABLATION_MUS = (0.1, 0.01)
@@ -475,6 +477,29 @@ def search_choice(kind, model_name, backend_name, cfg, problem, val) -> tuple[fl
     return pick_lowest(candidates, list(scores.values())), scores
 
 
+def search_rows(search: dict, settings: dict) -> list[dict]:
+    """Rows of the TS tables: each run's candidates' validation MSEs and its choice.
+
+    ``search`` maps "kind network backend" to ``{"candidates": {label: score}, "chosen": c}``
+    (as ``_run`` records it); ``settings`` maps the same keys to the setting column.
+    A candidate whose run diverged (score not finite) has no cell.
+    """
+    rows = []
+    for key, s in search.items():
+        kind, backend = key.split(" ")[0], key.split(" ")[-1]
+        sett = settings[key]
+        name = "lr" if kind == "FO" else "μ"
+        for label, score in s["candidates"].items():
+            if math.isfinite(score):
+                rows.append({"table": TS[kind], "method": f"{kind}+{backend}", "setting": sett,
+                             "metric": f"validation MSE at {name} = {label}", "value": score,
+                             "paper": None})
+        rows.append({"table": TS[kind], "method": f"{kind}+{backend}", "setting": sett,
+                     "metric": f"chosen {name}", "value": s["chosen"],
+                     "paper": PAPER_MU if kind == "ZO" else None})
+    return rows
+
+
 def pick_lowest(candidates, scores) -> float:
     """The candidate with the lowest finite score, the earliest on ties (none finite: the
     first)."""
@@ -632,6 +657,7 @@ def _run(quick: bool):
             rows.append({"table": T6, "method": model_name, "setting": sett,
                          "metric": f"{method} train time (s, mean over seeds)",
                          "value": mean_of(res, "seconds"), "paper": None})
+    rows += search_rows(search, {" ".join(k): setting(k[1]) for k in runs})
     # Table 5 investigation: each backend's derivative error on the untrained TT-3 network.
     probe = transformed(_models(cfg, seeds[0])["TT-3"](), problem).network
     points = problem.sample(64, 0, generator=torch.Generator().manual_seed(7)).interior

@@ -356,7 +356,7 @@ def test_pinn_full_mode_resumes_every_run_and_search_from_the_task_cache(tmp_pat
     trained = []
     real_train = pinn._train
     monkeypatch.setattr(pinn, "_train", lambda *a, **k: trained.append(a[:3]) or real_train(*a, **k))
-    _, first = pinn._run(False)
+    rows, first = pinn._run(False)
     runs = 4 + 3 + 3 * 2      # FO x {AD, FD, SE, SG}, ZO x {FD, SE, SG} on TT-3; FO-AD, ZO-SG on 3 others
     assert first["resumed_runs"] == 0 and len(trained) == runs * (1 + 3)   # seed + 3 candidates
     trained.clear()
@@ -364,3 +364,26 @@ def test_pinn_full_mode_resumes_every_run_and_search_from_the_task_cache(tmp_pat
     assert trained == [] and again["resumed_runs"] == 2 * runs
     assert again["per_seed_test_mse"] == first["per_seed_test_mse"]
     assert again["search"] == first["search"]
+    # the search is in the rows: the choice of every run, its candidates' scores beside it
+    chosen = [r for r in rows if r["table"] in pinn.TS.values() and r["metric"].startswith("chosen")]
+    assert len(chosen) == runs
+    for key, s in first["search"].items():
+        kind = key.split(" ")[0]
+        assert s["chosen"] == pinn.pick_lowest(pinn.search_candidates(kind, tiny),
+                                               list(s["candidates"].values()))
+
+
+def test_pinn_search_rows_show_every_finite_candidate_and_the_choice():
+    search = {"ZO FC-3 768 SG": {"candidates": {"0.1": 3e-3, "0.01": 1e-3, "0.001": math.inf},
+                                 "chosen": 0.01},
+              "FO TT-3 AD": {"candidates": {"0.000333": 2e-4, "0.001": 1e-4, "0.003": 5e-5},
+                             "chosen": 0.003}}
+    rows = pinn.search_rows(search, {"ZO FC-3 768 SG": "FC-3 768", "FO TT-3 AD": "TT-3"})
+    zo = {r["metric"]: r for r in rows if r["table"] == pinn.TS["ZO"]}
+    assert set(zo) == {"validation MSE at μ = 0.1", "validation MSE at μ = 0.01", "chosen μ"}
+    assert zo["chosen μ"]["value"] == 0.01 and zo["chosen μ"]["paper"] == pinn.PAPER_MU
+    assert {r["setting"] for r in zo.values()} == {"FC-3 768"}
+    assert {r["method"] for r in zo.values()} == {"ZO+SG"}
+    fo = {r["metric"]: r["value"] for r in rows if r["table"] == pinn.TS["FO"]}
+    assert fo == {"validation MSE at lr = 0.000333": 2e-4, "validation MSE at lr = 0.001": 1e-4,
+                  "validation MSE at lr = 0.003": 5e-5, "chosen lr": 0.003}
