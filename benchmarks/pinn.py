@@ -62,6 +62,8 @@ TS = {"FO": "Search (full mode): FO learning rate, validation MSE after the sear
 TZ = ("Table 5 investigation: the ZO-signRGE step on the paper's TT-3 768 at μ (not in the "
       "paper)")
 ABLATION_MUS = (0.1, 0.01)
+FO_BACKENDS = ("AD", "FD", "SE", "SG")   # Table 4's rows
+ZO_BACKENDS = ("FD", "SE", "SG")         # Table 5's rows (AD would need BP)
 
 # Paper numbers (validation MSE). Table 4/5 "TT-MLP" is the 7745-parameter TT network.
 PAPER_T4 = {"MLP": {"AD": 3.58e-4, "FD": 5.97e-5, "SE": 8.98e-4, "SG": 4.27e-4},
@@ -232,7 +234,7 @@ def _poisson_table(cfg):
     sett = f"FC-2 {pc['width']} (2-{pc['width']}-1 sine), " \
            f"{num_parameters(_poisson_net(pc['width']))} params"
     rows, runs = [], {}
-    plan = [("FO", b) for b in ("AD", "FD", "SE", "SG")] + [("ZO", b) for b in ("FD", "SE", "SG")]
+    plan = [("FO", b) for b in FO_BACKENDS] + [("ZO", b) for b in ZO_BACKENDS]
     for kind, b in plan:
         res = _train_poisson(kind, b, pc, problem, val, test)
         runs[(kind, b)] = res
@@ -347,13 +349,13 @@ def ledger(mse: dict, below: str = "", moved: dict | None = None) -> list[dict]:
         paper=f"{PAPER_T4['TT-MLP']['SG']:.2e} vs {PAPER_T4['TT-MLP']['SE']:.2e}",
         ours=f"{_spread(mse[('FO', tt, 'SG')])} vs {_spread(mse[('FO', tt, 'SE')])}",
         holds=g[("FO", tt, "SG")] < g[("FO", tt, "SE")], note=note)]
-    zo = {b: g[("ZO", tt, b)] for b in ("FD", "SE", "SG")}
+    zo = {b: g[("ZO", tt, b)] for b in ZO_BACKENDS}
     others = min(zo["FD"], zo["SE"])
     out.append(claim(
         "pinn-t5-zo-sg-best", "Table 5 (TT-MLP)",
         "Under BP-free (ZO) training the sparse-grid loss gives the lowest error of FD, SE, SG",
-        paper=" / ".join(f"{b} {PAPER_T5['TT-MLP'][b]:.2e}" for b in ("FD", "SE", "SG")),
-        ours=" / ".join(f"{b} {_spread(mse[('ZO', tt, b)])}" for b in ("FD", "SE", "SG")),
+        paper=" / ".join(f"{b} {PAPER_T5['TT-MLP'][b]:.2e}" for b in ZO_BACKENDS),
+        ours=" / ".join(f"{b} {_spread(mse[('ZO', tt, b)])}" for b in ZO_BACKENDS),
         holds=zo["SG"] < others, note=note))
     paper_margin = min(PAPER_T5["TT-MLP"]["FD"], PAPER_T5["TT-MLP"]["SE"]) / \
         PAPER_T5["TT-MLP"]["SG"]
@@ -419,7 +421,7 @@ def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
     if moved is None or entry["id"] not in ZO_ORDERINGS:
         return entry
     if ZO_ORDERINGS[entry["id"]] == "T5":
-        keys = [("ZO", "TT-3", b) for b in ("FD", "SE", "SG")]
+        keys = [("ZO", "TT-3", b) for b in ZO_BACKENDS]
     else:
         keys = [k for k in mse if k[0] == "ZO" and k[2] == "SG"]
     stalled = [k for k in keys if k in moved and moved[k] > ZO_TRAINED]
@@ -480,14 +482,14 @@ def search_choice(kind, model_name, backend_name, cfg, problem, val) -> tuple[fl
 def search_rows(search: dict, settings: dict) -> list[dict]:
     """Rows of the TS tables: each run's candidates' validation MSEs and its choice.
 
-    ``search`` maps "kind network backend" to ``{"candidates": {label: score}, "chosen": c}``
-    (as ``_run`` records it); ``settings`` maps the same keys to the setting column.
+    ``search`` maps a run (kind, network, backend) to ``{"candidates": {label: score},
+    "chosen": c}`` (as ``_run`` records it); ``settings`` maps the same runs to the setting
+    column.
     A candidate whose run diverged (score not finite) has no cell.
     """
     rows = []
-    for key, s in search.items():
-        kind, backend = key.split(" ")[0], key.split(" ")[-1]
-        sett = settings[key]
+    for (kind, network, backend), s in search.items():
+        sett = settings[(kind, network, backend)]
         name = "lr" if kind == "FO" else "μ"
         for label, score in s["candidates"].items():
             if math.isfinite(score):
@@ -594,7 +596,7 @@ def _run(quick: bool):
                 choice, scores = memoized(
                     cache, search_choice, (key, cfg),
                     lambda: search_choice(kind, model_name, b, cfg, problem, val))
-                search[" ".join(key)] = {"candidates": scores, "chosen": choice}
+                search[key] = {"candidates": scores, "chosen": choice}
             runs[key] = [memoized(cache, _train, (key, cfg, seed, choice),
                                   lambda: _train(kind, model_name, b, cfg, problem, val, test,
                                                  seed, choice))
@@ -604,9 +606,8 @@ def _run(quick: bool):
     # Train every run first, under one progress bar (a full run takes hours); the tables
     # below read them from `runs`.
     plan = list(dict.fromkeys(
-        [(k, m, b) for m in nets.values() for k, bs in (("FO", ("AD", "FD", "SE", "SG")),
-                                                        ("ZO", ("FD", "SE", "SG")))
-         for b in bs]
+        [(k, m, b) for m in nets.values()
+         for k, bs in (("FO", FO_BACKENDS), ("ZO", ZO_BACKENDS)) for b in bs]
         + [(k, m, b) for m in _models(cfg) for k, b in (("FO", "AD"), ("ZO", "SG"))]))
     for key in tqdm(plan, desc="pinn runs", unit="run"):
         train(*key)
@@ -638,9 +639,9 @@ def _run(quick: bool):
     start = time.perf_counter()
     for paper_name, model_name in nets.items():
         sett = setting(model_name)
-        for b in ("AD", "FD", "SE", "SG"):
+        for b in FO_BACKENDS:
             add(T4, f"FO+{b}", sett, train("FO", model_name, b), PAPER_T4[paper_name][b])
-        for b in ("FD", "SE", "SG"):
+        for b in ZO_BACKENDS:
             add(T5, f"ZO+{b}", sett, train("ZO", model_name, b), PAPER_T5[paper_name][b])
     for model_name in _models(cfg):
         sett = setting(model_name)
@@ -657,7 +658,7 @@ def _run(quick: bool):
             rows.append({"table": T6, "method": model_name, "setting": sett,
                          "metric": f"{method} train time (s, mean over seeds)",
                          "value": mean_of(res, "seconds"), "paper": None})
-    rows += search_rows(search, {" ".join(k): setting(k[1]) for k in runs})
+    rows += search_rows(search, {k: setting(k[1]) for k in runs})
     # Table 5 investigation: each backend's derivative error on the untrained TT-3 network.
     probe = transformed(_models(cfg, seeds[0])["TT-3"](), problem).network
     points = problem.sample(64, 0, generator=torch.Generator().manual_seed(7)).interior
@@ -765,7 +766,7 @@ def _run(quick: bool):
                      "MLP rows; the MSEs show the comparison's shape, not the paper's values.")
     return rows, {"claims": claims, "figures": figs, "notes": notes,
                   "derivative_errors": errors, "zo_investigation": zo_probe,
-                  "search": search,
+                  "search": {" ".join(k): v for k, v in search.items()},
                   # runs and searches finished by an earlier, cut-off run of this revision
                   # ($BPFREE_TASK_CACHE); their train times are their own
                   "resumed_runs": 0 if cache is None else cache.hits,

@@ -374,11 +374,12 @@ def test_pinn_full_mode_resumes_every_run_and_search_from_the_task_cache(tmp_pat
 
 
 def test_pinn_search_rows_show_every_finite_candidate_and_the_choice():
-    search = {"ZO FC-3 768 SG": {"candidates": {"0.1": 3e-3, "0.01": 1e-3, "0.001": math.inf},
-                                 "chosen": 0.01},
-              "FO TT-3 AD": {"candidates": {"0.000333": 2e-4, "0.001": 1e-4, "0.003": 5e-5},
-                             "chosen": 0.003}}
-    rows = pinn.search_rows(search, {"ZO FC-3 768 SG": "FC-3 768", "FO TT-3 AD": "TT-3"})
+    search = {("ZO", "FC-3 768", "SG"): {"candidates": {"0.1": 3e-3, "0.01": 1e-3,
+                                                        "0.001": math.inf}, "chosen": 0.01},
+              ("FO", "TT-3", "AD"): {"candidates": {"0.000333": 2e-4, "0.001": 1e-4,
+                                                    "0.003": 5e-5}, "chosen": 0.003}}
+    rows = pinn.search_rows(search, {("ZO", "FC-3 768", "SG"): "FC-3 768",
+                                     ("FO", "TT-3", "AD"): "TT-3"})
     zo = {r["metric"]: r for r in rows if r["table"] == pinn.TS["ZO"]}
     assert set(zo) == {"validation MSE at μ = 0.1", "validation MSE at μ = 0.01", "chosen μ"}
     assert zo["chosen μ"]["value"] == 0.01 and zo["chosen μ"]["paper"] == pinn.PAPER_MU
