@@ -609,8 +609,13 @@ def _run(quick: bool):
         [(k, m, b) for m in nets.values()
          for k, bs in (("FO", FO_BACKENDS), ("ZO", ZO_BACKENDS)) for b in bs]
         + [(k, m, b) for m in _models(cfg) for k, b in (("FO", "AD"), ("ZO", "SG"))]))
-    for key in tqdm(plan, desc="pinn runs", unit="run"):
+    # mininterval=0: runs read back from the cache finish within milliseconds, and tqdm's
+    # default would print nothing until the first run that trains (half an hour in).
+    bar = tqdm(plan, desc="pinn runs", unit="run", mininterval=0)
+    for key in bar:
         train(*key)
+        if cache is not None:
+            bar.set_postfix(from_cache=cache.hits)
 
     def mean_of(results, attr):
         return sum(getattr(r, attr) for r in results) / len(results)

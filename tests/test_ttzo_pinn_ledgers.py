@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bpfree.bench.claims import validate_claims
+from bpfree.bench.runner import validate_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,6 +226,32 @@ def test_ttzo_load_data_holds_validation_out_of_training():
     xtr, _ = load_mnist(None, split="train")
     last = xtr[-50:].reshape(50, -1)
     assert (xv * 255).round().to(int).numpy().tolist() == last.astype(int).tolist()
+
+
+def test_ttzo_near_fo_rows_place_the_hybrid_on_the_fo_reference_curve():
+    """Synthetic curves with known answers: hybrid 80 -> 90 -> 93 (last gain 3), FO reaches
+    93 at its fourth and fifth epoch (mean 4.5); where a seed's FO never does, the row is a
+    lower bound that says so."""
+    runs = {"tt6/hybrid/seed0": {"val_acc": [80.0, 90.0, 93.0]},
+            "tt6/hybrid/seed1": {"val_acc": [81.0, 91.0, 93.0]},
+            f"tt6/{tt_zo.FO_REFERENCE}/seed0": {"val_acc": [50.0, 70.0, 85.0, 93.5, 95.0]},
+            f"tt6/{tt_zo.FO_REFERENCE}/seed1": {"val_acc": [52.0, 72.0, 87.0, 92.0, 93.0]},
+            "tt4/hybrid/seed0": {"val_acc": [1.0, 2.0]}}     # no FO reference: no rows
+    rows = tt_zo.near_fo_rows(runs, ranks=(6, 4), seeds=(0, 1))
+    got = {r["metric"]: r["value"] for r in rows}
+    assert {r["method"] for r in rows} == {"TT-MLP r=6"}
+    assert all(r["table"] == tt_zo.TF and r["paper"] is None for r in rows)
+    for i, r in enumerate(rows):
+        validate_row(r, i)                 # the results contract: finite values, known keys
+    assert got["hybrid accuracy after its 3 epochs (%)"] == 93.0
+    assert got["hybrid gain in its last epoch (points)"] == 2.5
+    assert got["FO-AD accuracy after the same 3 epochs (%)"] == 86.0
+    assert got["FO-AD accuracy after its 5 epochs (%)"] == 94.0
+    assert got["first FO-AD epoch reaching the hybrid's final accuracy"] == 4.5
+    runs[f"tt6/{tt_zo.FO_REFERENCE}/seed1"]["val_acc"] = [52.0, 72.0, 87.0, 92.0, 92.5]
+    again = {r["metric"]: r["value"] for r in tt_zo.near_fo_rows(runs, (6,), (0, 1))}
+    assert again["first FO-AD epoch reaching the hybrid's final accuracy: not reached by "
+                 "every seed, lower bound (= FO-AD epochs run)"] == 5
 
 
 # ---- PINN -------------------------------------------------------------------------------
