@@ -249,6 +249,23 @@ def test_qzoff_rule_fails_where_its_claim_fails(qzoff, edit, failing):
     assert {k for k, v in verdicts.items() if not v} == failing
 
 
+def test_qzoff_quant_claim_note_gives_the_paired_difference_when_the_run_has_it(qzoff):
+    """The 16w8a gap is judged on the two means; the note adds the paired per-episode
+    difference (rows of T_QGAP) that says whether the gap is within the episodes' noise."""
+    rows = _qzoff_rows(qzoff)
+    note = {c["id"]: c for c in qzoff.ledger(rows, {"fewshot": "", "ood": ""}, 5)}[
+        "qzoff-t2-quant-matches-fp"].get("note") or ""
+    assert "paired" not in note                 # a run from before the rows: nothing claimed
+    dom = "Fashion-MNIST (cross-domain)"
+    rows += [dict(table=qzoff.T_QGAP, method="FF LP 16w8a - FF LP", setting=dom,
+                  metric="difference (points)", value=-1.96, paper=None),
+             dict(table=qzoff.T_QGAP, method="FF LP 16w8a - FF LP", setting=dom,
+                  metric="95% CI (±)", value=0.8, paper=None)]
+    claim = {c["id"]: c for c in qzoff.ledger(rows, {"fewshot": "", "ood": ""}, 5)}[
+        "qzoff-t2-quant-matches-fp"]
+    assert f"{dom}: -1.96 ± 0.80" in claim["note"]
+
+
 def test_qzoff_budget_notes_name_what_is_below_the_paper(qzoff):
     quick = qzoff.paper_budget(qzoff._settings(True))
     assert quick["fewshot"].startswith("Below the paper's budget") and "200" in quick["fewshot"]
