@@ -422,8 +422,7 @@ def near_fo_rows(runs: dict, ranks, seeds) -> list[dict]:
     of that last epoch (still rising: the cut, not the method, ends it); the FO reference's
     accuracy after as many epochs; and the first epoch at which the FO reference reaches the
     hybrid's final accuracy (where a seed's FO never does, a lower bound: the epochs FO
-    ran, said in the metric). Ranks without an FO reference
-    run (quick mode) give no rows.
+    ran, said in the metric). Ranks without an FO reference run (quick mode) give no rows.
     """
     rows = []
     for r in ranks:
@@ -438,8 +437,10 @@ def near_fo_rows(runs: dict, ranks, seeds) -> list[dict]:
                  for hc, fc in zip(h_curves, f_curves)]
         label, setting = f"TT-MLP r={r}", f"validation split, mean of {len(seeds)} seeds"
         for metric, value in (
-                (f"hybrid accuracy after its {epochs} epochs (%)", _mean([c[-1] for c in h_curves])),
-                ("hybrid gain in its last epoch (points)", _mean([c[-1] - c[-2] for c in h_curves])),
+                (f"hybrid accuracy after its {epochs} epochs (%)",
+                 _mean([c[-1] for c in h_curves])),
+                ("hybrid gain in its last epoch (points)",
+                 _mean([c[-1] - c[-2] for c in h_curves])),
                 (f"FO-AD accuracy after the same {epochs} epochs (%)",
                  _mean([c[epochs - 1] for c in f_curves])),
                 ("first FO-AD epoch reaching the hybrid's final accuracy", _mean(reach))
