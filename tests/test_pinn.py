@@ -532,3 +532,23 @@ def test_search_gives_fo_and_zo_the_same_budget_and_picks_the_lowest_validation_
     assert bench.pick_lowest([0.1, 0.01, 0.001], [nan, inf, 2.0]) == 0.001
     assert bench.pick_lowest([0.1, 0.01], [nan, inf]) == 0.1
 
+
+
+def test_pinn_zo_probe_reads_only_a_full_runs_zo_sg_seeds(tmp_path):
+    """The probe divides the full run's ZO-SG test MSEs by its own untrained ones: it takes
+    exactly the "ZO <network> SG" entries of a full result, and nothing from a quick one
+    (narrower networks) or a missing file."""
+    import json
+
+    from bpfree.bench.runner import load_module
+
+    probe = load_module("pinn_zo_probe")
+    path = tmp_path / "pinn.json"
+    assert probe.full_run_zo(path) is None
+    per_seed = {"ZO TT-3 SG": [1e-3, 2e-3], "ZO FC-3 768 SG": [5e-4, 6e-4],
+                "ZO TT-3 SE": [9.0, 9.0], "FO TT-3 SG": [9.0, 9.0]}
+    path.write_text(json.dumps({"quick": True, "extra": {"per_seed_test_mse": per_seed}}))
+    assert probe.full_run_zo(path) is None
+    path.write_text(json.dumps({"quick": False, "extra": {"per_seed_test_mse": per_seed}}))
+    assert probe.full_run_zo(path) == {"TT-3": [1e-3, 2e-3], "FC-3 768": [5e-4, 6e-4]}
+    assert probe._gmean([1e-3, 1e-5]) == pytest.approx(1e-4)

@@ -1,0 +1,111 @@
+"""Why one network trains better than another under ZO in `bench pinn` (Table 6): each network's untrained test MSE, what the full run's ZO-SG did relative to it, and its RGE step's alignment.
+
+`bench pinn`'s Table 6 claims (TT-ZO §5.2: the TT network is the best under ZO, because
+fewer trained parameters mean a less noisy ZO estimate) compare final test MSEs. A final MSE
+mixes two things: where a network starts and how far ZO moves it. This probe separates them
+for every Table 6 network, built exactly as `bench pinn` builds it (``pinn._models``, the same
+seeds, the transformed network of §5.2):
+
+* the untrained network's MSE on `bench pinn`'s test points, per seed;
+* the full run's ZO-SG test MSE over it, per seed, read from ``results/pinn.json`` (when that
+  file is there and is a full run): the factor ZO gained;
+* on seed 0 and one batch of the SG loss, the cosine between an RGE estimate (N = 10 Gaussian
+  directions, Eq. 4 of TT-ZO) and the autograd gradient at each μ of the full run's search,
+  beside the ideal sqrt(N / d) (``bpfree.estimators.alignment.rge_alignment``).
+
+Nothing is trained, so quick and full are the same (a few minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+NAME = "pinn-zo-probe"
+DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
+SEED = 0
+ROOT = Path(__file__).resolve().parent.parent
+
+TU = "Untrained networks: test MSE, and what the full run's ZO-SG did to it (HJB-20)"
+TA = "RGE alignment per network at the search's μ (seed 0, SG loss, one batch, N = 10)"
+
+
+def _gmean(values) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def full_run_zo(path: Path) -> dict | None:
+    """``network -> per-seed ZO-SG test MSE`` of a full `bench pinn` result, None when the
+    file is absent or a quick run (its networks are narrower, so it does not match)."""
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("quick", True):
+        return None
+    per_seed = doc.get("extra", {}).get("per_seed_test_mse", {})
+    return {key[len("ZO "):-len(" SG")]: values for key, values in per_seed.items()
+            if key.startswith("ZO ") and key.endswith(" SG")}
+
+
+def run(quick: bool) -> tuple[list[dict], dict]:
+    import torch
+
+    import pinn
+    from bpfree.estimators.alignment import rge_alignment
+    from bpfree.pinn import HJB, num_parameters, pinn_loss, transformed, validation_mse
+
+    cfg = pinn._config(False)          # the full run's networks (768 wide) and batch
+    problem = HJB(20)
+    test = problem.validation_points(1000, seed=pinn.TEST_SEED)
+    seeds = cfg["seeds"]
+    source = ROOT / "results" / "pinn.json"
+    zo = full_run_zo(source)
+    rows = []
+
+    def row(table, method, setting, metric, value):
+        rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
+                     "value": float(value), "paper": None})
+
+    names = list(pinn._models(cfg, 0))
+    batch = problem.sample(cfg["batch"], cfg["n_initial"],
+                           generator=torch.Generator().manual_seed(7))
+    alignment = {}
+    for name in names:
+        d = num_parameters(pinn._models(cfg, 0)[name]())
+        setting = f"{name}, {d} params"
+        untrained = [validation_mse(transformed(pinn._models(cfg, s)[name](), problem), problem,
+                                    test) for s in seeds]
+        row(TU, name, setting, f"untrained test MSE (geometric mean of {len(seeds)} seeds)",
+            _gmean(untrained))
+        if zo is not None and name in zo:
+            ratios = [a / b for a, b in zip(zo[name], untrained, strict=True)]
+            row(TU, name, setting, "full run's ZO-SG test MSE / untrained (geometric mean)",
+                _gmean(ratios))
+            row(TU, name, setting, "full run's ZO-SG test MSE (geometric mean)", _gmean(zo[name]))
+        net = transformed(pinn._models(cfg, 0)[name](), problem)
+        backend = pinn._backend("SG")
+        alignment[name] = {}
+        for mu in pinn.ZO_MUS:
+            a = rge_alignment(list(net.parameters()),
+                              lambda: pinn_loss(net, problem, backend, batch)["loss"], mu,
+                              queries=10, draws=5, seed=0)
+            alignment[name][f"{mu:g}"] = a["cosine"]
+            row(TA, name, setting, f"RGE cosine with the gradient (μ = {mu:g})", a["cosine"])
+        row(TA, name, setting, "ideal RGE cosine sqrt(N / d)", a["ideal_cosine"])
+    extra = {
+        "source": str(source.relative_to(ROOT)) if zo is not None else None,
+        "alignment": alignment,
+        "notes": [
+            f"Networks, seeds {list(seeds)} and test points (draw {pinn.TEST_SEED}) as in "
+            "`bench pinn`'s full mode; nothing is trained here.",
+            ("ZO-SG rows divide the per-seed test MSEs of " + str(source.relative_to(ROOT))
+             + " (extra.per_seed_test_mse) by the same seed's untrained MSE computed here.")
+            if zo is not None else
+            "results/pinn.json is absent or a quick run: no ZO-SG rows.",
+            "RGE cosine: mean over 5 draws of the cosine between an RGE estimate (10 Gaussian "
+            "directions, forward differences at μ) and the autograd gradient of one batch's "
+            "SG loss (8 residual + 32 terminal points), on seed 0's untrained network.",
+        ],
+    }
+    return rows, extra
