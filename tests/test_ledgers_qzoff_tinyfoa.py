@@ -289,3 +289,19 @@ def test_qzoff_estimate_alignment_grows_with_m_like_sqrt_m():
     assert c1 == pytest.approx(expected_alignment(1, d), rel=0.3)
     assert c10 == pytest.approx(expected_alignment(10, d), rel=0.3)
     assert c10 > 2 * c1
+
+
+def test_qzoff_quant_probe_replays_only_a_full_run(tmp_path):
+    """The quant probe replays a full run's episodes: a missing file or a quick run (other
+    settings, other episodes) is refused with the reason, a full one is returned."""
+    import json
+
+    probe = load_module("qzo_ff_quant_probe")
+    path = tmp_path / "qzo-ff.json"
+    with pytest.raises(FileNotFoundError, match="bench qzo-ff"):
+        probe.full_run(path)
+    path.write_text(json.dumps({"quick": True}))
+    with pytest.raises(ValueError, match="quick run"):
+        probe.full_run(path)
+    path.write_text(json.dumps({"quick": False, "seed": 0}))
+    assert probe.full_run(path)["seed"] == 0
