@@ -11,7 +11,9 @@ seeds, the transformed network of §5.2):
   file is there and is a full run): the factor ZO gained;
 * on seed 0 and one batch of the SG loss, the cosine between an RGE estimate (N = 10 Gaussian
   directions, Eq. 4 of TT-ZO) and the autograd gradient at each μ of the full run's search,
-  beside the ideal sqrt(N / d) (``bpfree.estimators.alignment.rge_alignment``).
+  beside the ideal sqrt(N / d) (``bpfree.estimators.alignment.rge_alignment``);
+* the derivative backends' error on the untrained TT-3 in float32 (as the runs) and in
+  float64, against float64 AD: how much of each error is rounding.
 
 Nothing is trained, so quick and full are the same (a few minutes on 2 cores).
 """
@@ -29,6 +31,39 @@ ROOT = Path(__file__).resolve().parent.parent
 
 TU = "Untrained networks: test MSE, and what the full run's ZO-SG did to it (HJB-20)"
 TA = "RGE alignment per network at the search's μ (seed 0, SG loss, one batch, N = 10)"
+TD = ("Derivative estimates' error against float64 AD on the untrained TT-3, in float32 (as "
+      "bench pinn runs) and float64")
+
+
+def derivative_errors_by_dtype(pinn, base, problem, points) -> dict:
+    """``{dtype: {backend: {"gradient", "laplacian"}}}``: relative L2 errors of FD, SE and SG
+    against AD in float64, with the network and points cast to each dtype.
+
+    `bench pinn`'s derivative-error rows compare float32 estimates with float32 AD. A finite
+    difference or quadrature sum of O(1) function values divided by h² or σ² cancels
+    catastrophically in float32 when the Laplacian is small (an untrained network's is), so
+    this separates the estimator's own error (float64) from float32 rounding.
+    """
+    import torch
+
+    from bpfree.pinn import transformed
+
+    out = {}
+    ref = None
+    for dtype in (torch.float64, torch.float32):
+        net = transformed(base.to(dtype), problem)
+        x = points.to(dtype)
+        est = {n: [t.detach().double() for t in pinn._backend(n)(
+            net.network, x, laplacian_dims=problem.laplacian_dims)]
+            for n in ("AD", "FD", "SE", "SG")}
+        if ref is None:
+            ref = est["AD"]
+        out[str(dtype).removeprefix("torch.")] = {
+            n: {"gradient": float((est[n][0] - ref[0]).norm() / ref[0].norm()),
+                "laplacian": float((est[n][1] - ref[1]).norm() / ref[1].norm())}
+            for n in ("FD", "SE", "SG")}
+    base.to(torch.float32)
+    return out
 
 
 def _gmean(values) -> float:
@@ -93,7 +128,17 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             alignment[name][f"{mu:g}"] = a["cosine"]
             row(TA, name, setting, f"RGE cosine with the gradient (μ = {mu:g})", a["cosine"])
         row(TA, name, setting, "ideal RGE cosine sqrt(N / d)", a["ideal_cosine"])
+    # The derivative rows: the same untrained TT-3 and 64 points as bench pinn's.
+    points = problem.sample(64, 0, generator=torch.Generator().manual_seed(7)).interior
+    derivative = derivative_errors_by_dtype(pinn, pinn._models(cfg, 0)["TT-3"](), problem,
+                                            points)
+    for dtype, per in derivative.items():
+        for b, err in per.items():
+            for what in ("gradient", "laplacian"):
+                row(TD, b, f"TT-3 768 (rank 8), 64 points, {dtype}",
+                    f"relative {what} error vs float64 AD", err[what])
     extra = {
+        "derivative_errors": derivative,
         "source": str(source.relative_to(ROOT)) if zo is not None else None,
         "alignment": alignment,
         "notes": [
@@ -106,6 +151,10 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             "RGE cosine: mean over 5 draws of the cosine between an RGE estimate (10 Gaussian "
             "directions, forward differences at μ) and the autograd gradient of one batch's "
             "SG loss (8 residual + 32 terminal points), on seed 0's untrained network.",
+            "Derivative errors: FD (h = 0.01), SE (σ = 0.1, 1,024 antithetic pairs) and SG "
+            "(σ = 0.1, level 3) as bench pinn builds them, against AD in float64, at the 64 "
+            "residual points of bench pinn's derivative rows (draw 7); float32 is what the "
+            "runs use.",
         ],
     }
     return rows, extra

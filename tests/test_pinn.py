@@ -552,3 +552,24 @@ def test_pinn_zo_probe_reads_only_a_full_runs_zo_sg_seeds(tmp_path):
     path.write_text(json.dumps({"quick": False, "extra": {"per_seed_test_mse": per_seed}}))
     assert probe.full_run_zo(path) == {"TT-3": [1e-3, 2e-3], "FC-3 768": [5e-4, 6e-4]}
     assert probe._gmean([1e-3, 1e-5]) == pytest.approx(1e-4)
+
+
+def test_pinn_zo_probe_derivative_errors_separate_rounding_from_the_estimator():
+    """In float64, central differences (h = 0.01) match AD's Laplacian to ~1e-5 and the
+    Monte-Carlo Stein estimate does not (its sampling error); float32 rounding can only add
+    error to the deterministic FD. The network is left in float32 afterwards."""
+    import torch
+
+    from bpfree.bench.runner import load_module
+    from bpfree.pinn import HJB
+
+    probe, pinn = load_module("pinn_zo_probe"), _pinn_bench()
+    problem = HJB(20)
+    base = pinn._models(pinn._config(False), 0)["FC-3 78"]()
+    points = problem.sample(8, 0, generator=torch.Generator().manual_seed(7)).interior
+    err = probe.derivative_errors_by_dtype(pinn, base, problem, points)
+    assert set(err) == {"float64", "float32"}
+    assert err["float64"]["FD"]["laplacian"] < 1e-4 and err["float64"]["FD"]["gradient"] < 1e-4
+    assert err["float64"]["SE"]["laplacian"] > 10 * err["float64"]["FD"]["laplacian"]
+    assert err["float32"]["FD"]["laplacian"] > err["float64"]["FD"]["laplacian"]
+    assert next(base.parameters()).dtype == torch.float32
