@@ -438,21 +438,26 @@ def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
                  note=note)
 
 
-def derivative_errors(net, problem, points) -> dict:
+def derivative_errors(net, problem, points, reference=None) -> dict:
     """Relative error of each backend's gradient and Laplacian against AD's at ``points``.
 
     The investigation of Table 5's margin: a ZO step only sees the loss, so the loss's
     fidelity, i.e. the derivative estimate's error, bounds how well ZO can do.
+    ``reference``: the (gradient, Laplacian) to compare with instead of AD's at the
+    network's own precision (e.g. float64 AD, to see float32 rounding).
     """
     import torch
 
-    ad = [t.detach() for t in _backend("AD")(net, points, laplacian_dims=problem.laplacian_dims)]
+    if reference is None:
+        reference = [t.detach() for t in _backend("AD")(
+            net, points, laplacian_dims=problem.laplacian_dims)]
+    grad_ref, lap_ref = (t.double() for t in reference)
     out = {}
     for name in ("FD", "SE", "SG"):
         with torch.no_grad():
             grad, lap = _backend(name)(net, points, laplacian_dims=problem.laplacian_dims)
-        out[name] = {"gradient": float((grad - ad[0]).norm() / ad[0].norm()),
-                     "laplacian": float((lap - ad[1]).norm() / ad[1].norm())}
+        out[name] = {"gradient": float((grad.double() - grad_ref).norm() / grad_ref.norm()),
+                     "laplacian": float((lap.double() - lap_ref).norm() / lap_ref.norm())}
     return out
 
 

@@ -21,7 +21,6 @@ Nothing is trained, so quick and full are the same (a few minutes on 2 cores).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 NAME = "pinn-zo-probe"
@@ -48,26 +47,17 @@ def derivative_errors_by_dtype(pinn, base, problem, points) -> dict:
 
     from bpfree.pinn import transformed
 
-    out = {}
-    ref = None
+    out, reference = {}, None
     for dtype in (torch.float64, torch.float32):
-        net = transformed(base.to(dtype), problem)
+        net = transformed(base.to(dtype), problem).network
         x = points.to(dtype)
-        est = {n: [t.detach().double() for t in pinn._backend(n)(
-            net.network, x, laplacian_dims=problem.laplacian_dims)]
-            for n in ("AD", "FD", "SE", "SG")}
-        if ref is None:
-            ref = est["AD"]
-        out[str(dtype).removeprefix("torch.")] = {
-            n: {"gradient": float((est[n][0] - ref[0]).norm() / ref[0].norm()),
-                "laplacian": float((est[n][1] - ref[1]).norm() / ref[1].norm())}
-            for n in ("FD", "SE", "SG")}
+        if reference is None:
+            reference = [t.detach() for t in pinn._backend("AD")(
+                net, x, laplacian_dims=problem.laplacian_dims)]
+        out[str(dtype).removeprefix("torch.")] = pinn.derivative_errors(net, problem, x,
+                                                                        reference)
     base.to(torch.float32)
     return out
-
-
-def _gmean(values) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def full_run_zo(path: Path) -> dict | None:
@@ -107,18 +97,19 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                            generator=torch.Generator().manual_seed(7))
     alignment = {}
     for name in names:
-        d = num_parameters(pinn._models(cfg, 0)[name]())
-        setting = f"{name}, {d} params"
+        base = pinn._models(cfg, 0)[name]()
+        setting = f"{name}, {num_parameters(base)} params"
         untrained = [validation_mse(transformed(pinn._models(cfg, s)[name](), problem), problem,
                                     test) for s in seeds]
         row(TU, name, setting, f"untrained test MSE (geometric mean of {len(seeds)} seeds)",
-            _gmean(untrained))
+            pinn._gmean(untrained))
         if zo is not None and name in zo:
             ratios = [a / b for a, b in zip(zo[name], untrained, strict=True)]
             row(TU, name, setting, "full run's ZO-SG test MSE / untrained (geometric mean)",
-                _gmean(ratios))
-            row(TU, name, setting, "full run's ZO-SG test MSE (geometric mean)", _gmean(zo[name]))
-        net = transformed(pinn._models(cfg, 0)[name](), problem)
+                pinn._gmean(ratios))
+            row(TU, name, setting, "full run's ZO-SG test MSE (geometric mean)",
+                pinn._gmean(zo[name]))
+        net = transformed(base, problem)
         backend = pinn._backend("SG")
         alignment[name] = {}
         for mu in pinn.ZO_MUS:

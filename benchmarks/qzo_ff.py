@@ -166,6 +166,43 @@ def _plot_curves(curves: dict, title: str, path: Path, xlabel="step") -> str:
     return str(save_figure(fig, path, ROOT))
 
 
+def fewshot_common(cfg: dict, seed: int) -> dict:
+    """The few-shot task arguments every Table 2 task shares (5-way, m = 3, the steps)."""
+    return dict(num_classes=5, steps=cfg["fs_steps"], lp_steps=cfg["fs_lp_steps"], m=3,
+                seed=seed)
+
+
+def fewshot_backbone_task(cfg: dict, seed: int) -> tuple[str, dict]:
+    """The BP pretraining of Table 2's backbone on MNIST digits 0-4 (``cfg["pre_a"]``)."""
+    return ("pretrain", dict(kind="mnist", classes=range(5), lr=3e-3, seed=seed,
+                             **cfg["pre_a"]))
+
+
+def fewshot_chunk_tasks(cfg: dict, seed: int, state: dict, kind: str, classes, lrs: dict,
+                        **extra) -> dict[int, tuple[str, dict]]:
+    """First episode -> the task that runs the test episodes from it, ``cfg["chunk"]`` at a
+    time (``extra``: e.g. ``methods``, a subset of the rows)."""
+    return {lo: ("fewshot", dict(state=state, kind=kind, classes=classes,
+                                 episodes=cfg["episodes"], lo=lo,
+                                 hi=min(cfg["episodes"], lo + cfg["chunk"]), lrs=lrs,
+                                 **extra, **fewshot_common(cfg, seed)))
+            for lo in range(0, cfg["episodes"], cfg["chunk"])}
+
+
+def join_chunks(chunks: dict, methods) -> dict[str, list[float]]:
+    """Per-episode accuracies of each method, in episode order, from ``{lo: chunk result}``."""
+    ordered = [chunks[lo] for lo in sorted(chunks)]
+    return {m: [a for ch in ordered for a in ch["accuracies"][m]] for m in methods}
+
+
+def paired_difference(a, b) -> tuple[float, float]:
+    """Mean and 95 % half-width over episodes of ``a - b``, paired per episode: the shared
+    difficulty of an episode cancels, which two separate intervals cannot do."""
+    from bpfree.fewshot import mean_confidence_interval
+
+    return mean_confidence_interval([x - y for x, y in zip(a, b, strict=True)])
+
+
 def fewshot_changed(accs: dict) -> dict:
     """Per adapted method, the number of episodes whose query accuracy differs from the
     zero-shot accuracy of the same episode: 0 means the adaptation changed no prediction
@@ -437,20 +474,17 @@ def run(quick: bool):
     t_start = time.perf_counter()
     workers = default_workers()
     timings = {}
-    few_domains = FEW_DOMAINS
-    fs_common = dict(num_classes=5, steps=cfg["fs_steps"], lp_steps=cfg["fs_lp_steps"], m=3,
-                     seed=seed)
+    fs_common = fewshot_common(cfg, seed)
     with spawn_pool(workers) as pool:
         # Stage 1: the two BP-pretrained backbones; as soon as the few-shot one (digits 0-4)
         # is ready, the few-shot learning rates are chosen on validation episodes (training
         # images of the held-out classes) while the other backbone still trains.
-        fa = pool.submit(run_task, ("pretrain", dict(kind="mnist", classes=range(5), lr=3e-3,
-                                                      seed=seed, **cfg["pre_a"])))
+        fa = pool.submit(run_task, fewshot_backbone_task(cfg, seed))
         fb = pool.submit(run_task, ("pretrain", dict(kind="mnist", classes=None, lr=3e-3,
                                                       seed=seed, **cfg["pre_b"])))
         pre_a = fa.result()
         futures = {}
-        for dom, (kind, classes) in few_domains.items():
+        for dom, (kind, classes) in FEW_DOMAINS.items():
             for mth in FEWSHOT_TUNED:
                 futures[pool.submit(run_task, ("fewshot_validate", dict(
                     state=pre_a["state"], kind=kind, classes=classes, method=mth,
@@ -496,7 +530,7 @@ def run(quick: bool):
         mem_png = plot_scratch_vs_weights(mem_rows, FIGURES / f"qzo-ff-{mode}-memory.png",
                                           title="Scratch vs weights, batch 25, m = 3")
         results = {}
-        fs_val = {dom: {} for dom in few_domains}
+        fs_val = {dom: {} for dom in FEW_DOMAINS}
         fs_lrs = {}
         while futures:
             done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
@@ -521,17 +555,14 @@ def run(quick: bool):
                 lrs = {mth: fs_val[dom][mth]["lr"] for mth in FEWSHOT_TUNED}
                 lrs.update({mth: lrs[src] for mth, src in FEWSHOT_SHARED.items()})
                 fs_lrs[dom] = lrs
-                kind, classes = few_domains[dom]
+                kind, classes = FEW_DOMAINS[dom]
                 futures[pool.submit(run_task, ("fewshot_diagnostic", dict(
                     state=pre_a["state"], kind=kind, classes=classes, lrs=lrs,
                     episodes=cfg["fs_diag_episodes"], eps_values=cfg["eps_values"],
                     **fs_common)))] = ("fewshot_diag", dom)
-                for lo in range(0, cfg["episodes"], cfg["chunk"]):
-                    futures[pool.submit(run_task, ("fewshot", dict(
-                        state=pre_a["state"], kind=kind, classes=classes,
-                        episodes=cfg["episodes"], lo=lo,
-                        hi=min(cfg["episodes"], lo + cfg["chunk"]), lrs=lrs,
-                        **fs_common)))] = ("fewshot", dom, lo)
+                for lo, task in fewshot_chunk_tasks(cfg, seed, pre_a["state"], kind, classes,
+                                                    lrs).items():
+                    futures[pool.submit(run_task, task)] = ("fewshot", dom, lo)
         timings["stage2"] = time.perf_counter() - t2
 
     rows = []
@@ -542,12 +573,12 @@ def run(quick: bool):
 
     # (a) few-shot
     few, changed, few_accs = {}, {}, {}
-    for dom in few_domains:
-        chunks = sorted((k[2], v) for k, v in results.items() if k[0] == "fewshot" and k[1] == dom)
-        accs = {mth: [a for _, ch in chunks for a in ch["accuracies"][mth]]
+    for dom in FEW_DOMAINS:
+        chunks = {k[2]: v for k, v in results.items() if k[0] == "fewshot" and k[1] == dom}
+        accs = join_chunks(chunks, FEWSHOT_METHODS)
+        secs = {mth: sum(ch["seconds"][mth] for ch in chunks.values())
                 for mth in FEWSHOT_METHODS}
-        secs = {mth: sum(ch["seconds"][mth] for _, ch in chunks) for mth in FEWSHOT_METHODS}
-        fws = chunks[0][1]["forwards"]
+        fws = chunks[min(chunks)]["forwards"]
         changed[dom] = fewshot_changed(accs)
         few_accs[dom] = accs
         few[dom] = {}
@@ -557,7 +588,7 @@ def run(quick: bool):
             clf = "head" if "LP" in mth else "ProtoNet"
             row(T_FEW, mth, f"{dom}, {clf}", "accuracy (%)", mean)
             row(T_FEW, mth, f"{dom}, {clf}", "95% CI (±)", hw)
-            if dom == next(iter(few_domains)):
+            if dom == next(iter(FEW_DOMAINS)):
                 n_ep = len(accs[mth])
                 n_steps = 0 if mth == "zero-shot" else (
                     cfg["fs_lp_steps"] if "LP" in mth else cfg["fs_steps"])
@@ -566,16 +597,14 @@ def run(quick: bool):
                 row(T_FEW_COST, mth, setting, "seconds per episode", secs[mth] / n_ep)
     for dom, accs in few_accs.items():
         for mth in FEWSHOT_METHODS[1:]:
-            gain, hw = mean_confidence_interval(
-                [a - z for a, z in zip(accs[mth], accs["zero-shot"], strict=True)])
+            gain, hw = paired_difference(accs[mth], accs["zero-shot"])
             row(T_GAIN, mth, dom, "gain (points)", gain)
             row(T_GAIN, mth, dom, "95% CI (±)", hw)
             row(T_GAIN, mth, dom, f"episodes changed (of {len(accs[mth])})",
                 changed[dom][mth])
         # The quant claim compares two means with their own episode spreads; the paired
         # difference removes the episodes' shared difficulty and says whether the gap is noise.
-        qgap, qhw = mean_confidence_interval(
-            [a - b for a, b in zip(accs["FF LP 16w8a"], accs["FF LP"], strict=True)])
+        qgap, qhw = paired_difference(accs["FF LP 16w8a"], accs["FF LP"])
         row(T_QGAP, "FF LP 16w8a - FF LP", dom, "difference (points)", qgap)
         row(T_QGAP, "FF LP 16w8a - FF LP", dom, "95% CI (±)", qhw)
         diag = results[("fewshot_diag", dom)]

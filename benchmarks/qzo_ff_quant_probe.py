@@ -57,19 +57,15 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     lrs_all = doc["extra"]["fewshot_learning_rates"]
     full_rows = {(r["table"], r["method"], r["setting"], r["metric"]): r["value"]
                  for r in doc["rows"]}
-    fs_common = dict(num_classes=5, steps=cfg["fs_steps"], lp_steps=cfg["fs_lp_steps"], m=3,
-                     seed=seed)
+    # The full run's own task builders, so the replay cannot drift from what it ran.
     with spawn_pool(default_workers()) as pool:
-        pre = pool.submit(run_task, ("pretrain", dict(kind="mnist", classes=range(5), lr=3e-3,
-                                                       seed=seed, **cfg["pre_a"]))).result()
+        pre = pool.submit(run_task, qzo_ff.fewshot_backbone_task(cfg, seed)).result()
         futures = {}
         for dom, (kind, classes) in qzo_ff.FEW_DOMAINS.items():
             lrs = {m: lrs_all[dom][m] for m in METHODS if m != "zero-shot"}
-            for lo in range(0, cfg["episodes"], cfg["chunk"]):
-                futures[pool.submit(run_task, ("fewshot", dict(
-                    state=pre["state"], kind=kind, classes=classes, episodes=cfg["episodes"],
-                    lo=lo, hi=min(cfg["episodes"], lo + cfg["chunk"]), lrs=lrs,
-                    methods=METHODS, **fs_common)))] = (dom, lo)
+            for lo, task in qzo_ff.fewshot_chunk_tasks(cfg, seed, pre["state"], kind, classes,
+                                                       lrs, methods=METHODS).items():
+                futures[pool.submit(run_task, task)] = (dom, lo)
         chunks = {futures[f]: f.result() for f in cf.as_completed(futures)}
     rows, extra = [], {"source": str(SOURCE.relative_to(ROOT)),
                        "source_revision": doc.get("git_revision"), "pretrain_test_accuracy":
@@ -80,16 +76,15 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                      "value": float(value), "paper": paper})
 
     for dom in qzo_ff.FEW_DOMAINS:
-        parts = sorted((lo, ch) for (d, lo), ch in chunks.items() if d == dom)
-        accs = {m: [a for _, ch in parts for a in ch["accuracies"][m]] for m in METHODS}
+        accs = qzo_ff.join_chunks({lo: ch for (d, lo), ch in chunks.items() if d == dom},
+                                  METHODS)
         extra["per_episode"][dom] = accs
         for m in METHODS:
             clf = "head" if "LP" in m else "ProtoNet"
             full = full_rows.get((qzo_ff.T_FEW, m, f"{dom}, {clf}", "accuracy (%)"))
             row(TC, m, dom, "accuracy (%), this replay", mean_confidence_interval(accs[m])[0],
                 full)
-        diff, hw = mean_confidence_interval(
-            [a - b for a, b in zip(accs["FF LP 16w8a"], accs["FF LP"], strict=True)])
+        diff, hw = qzo_ff.paired_difference(accs["FF LP 16w8a"], accs["FF LP"])
         row(TP, "FF LP 16w8a - FF LP", dom, "difference (points)", diff)
         row(TP, "FF LP 16w8a - FF LP", dom, "95% CI (±)", hw)
         row(TP, "FF LP 16w8a - FF LP", dom, "episodes where 16w8a is lower",

@@ -551,7 +551,6 @@ def test_pinn_zo_probe_reads_only_a_full_runs_zo_sg_seeds(tmp_path):
     assert probe.full_run_zo(path) is None
     path.write_text(json.dumps({"quick": False, "extra": {"per_seed_test_mse": per_seed}}))
     assert probe.full_run_zo(path) == {"TT-3": [1e-3, 2e-3], "FC-3 768": [5e-4, 6e-4]}
-    assert probe._gmean([1e-3, 1e-5]) == pytest.approx(1e-4)
 
 
 def test_pinn_zo_probe_derivative_errors_separate_rounding_from_the_estimator():
