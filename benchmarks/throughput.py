@@ -11,6 +11,11 @@ Q per layer for layer-wise node perturbation). Useful GFLOP/s counts 2·MACs of 
 work each method needs at batch 64 (Q+1 full forwards for weight perturbation, 2Q for the
 MeZO loop, prefix once plus Q+1 suffixes per layer for node perturbation on a Sequential),
 divided by the step's wall time, next to the machine's measured fp32 GEMM rate.
+
+The PMT step rows (``pmt_step_cost``) time one step of PMT's Algorithm 1 on the MNIST
+MobileNet (blocks 1 and 4, the whole model; Q = 50, batch 100) and MCUNet-in1 block 3 (Q = 50,
+batch 1) on the fast integer engine and on the reference layers, alternately in this process,
+with the step's MACs as fractions of the fp32 GEMM and ``torch._int_mm`` rates.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from bpfree.models import mnist_cnn, mnist_mlp
 from bpfree.objective import Objective
 from bpfree.optim import ZOOptimizer
 from bpfree.perturb import get_distribution
+
+import pmt_step_cost
 
 NAME = "throughput"
 DESCRIPTION = __doc__.split("\n\n")[0]
@@ -132,6 +139,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             np_flops = node_perturbation_flops(macs, q_count)
             methods = [
                 ("weight perturbation, lean", rge(q_count, 1e-3), "lean", q_count, wp_flops),
+                ("weight perturbation, cached", rge(q_count, 1e-3), "cached", q_count, wp_flops),
                 ("weight perturbation, batched", rge(q_count, 1e-3), "batched", q_count, wp_flops),
                 ("node perturbation, lean", node_perturbation(q_count, 1e-3), "lean",
                  q_count * n_layers, np_flops),
@@ -146,4 +154,5 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                 row("ZO step throughput", name, s, "useful GFLOP/s", flops / t / 1e9)
     extra = {"threads": 1, "repeats": repeats, "statistic": "median seconds per step",
              "gemm_gflops": gemm_gflops}
+    extra["pmt_step"] = pmt_step_cost.rows(quick, row, repeats=3 if quick else 5)
     return rows, extra

@@ -115,11 +115,14 @@ def median_seconds(
     repeats: int = 5,
     warmup: int = 1,
     device: str | torch.device | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls.
 
     Medians, not means: one descheduled repeat on a shared machine must not move the number.
     Pass ``device`` for CUDA work so that each call is synchronised before the clock stops.
+    ``clock=time.thread_time`` counts this thread's CPU time instead, which other processes
+    on a busy machine do not inflate (single-threaded CPU work only).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -131,10 +134,10 @@ def median_seconds(
     _synchronize(dev)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
         _synchronize(dev)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 

@@ -122,14 +122,17 @@ class PMTTrainer:
             (the other layers ``lr``), as parameter groups do in ``torch.optim``. Useful when a
             freshly initialised head and pretrained backbone layers train together: with QAS
             the rate is in float units, but a new head tolerates far larger steps.
+        engine: how the integer stages run (:class:`~bpfree.quant.graph.StagedModel`):
+            "auto" (the fused channels-last kernels where available), "fast" or "reference"
+            (the reference layers). Every engine gives the same bits.
     """
 
     def __init__(self, model: nn.Module, config: PMTConfig | None = None, *,
                  example: torch.Tensor, trainable=None,
-                 lr_scale: dict[str, float] | None = None) -> None:
+                 lr_scale: dict[str, float] | None = None, engine: str = "auto") -> None:
         self.model = model
         self.config = config or PMTConfig()
-        self.staged = StagedModel(model)
+        self.staged = StagedModel(model, engine=engine)
         self.layers = find_layers(model, example)
         self.sample_shape = tuple(example.shape[1:])
         self.trainable = select_layers(self.layers, trainable)

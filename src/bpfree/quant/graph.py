@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import QConv2d, QLinear
+from .engine import ENGINES, fast_stages, to_nchw, to_nhwc
+from .layers import QConv2d, QLinear, _check_int8_input
 
 __all__ = ["AFFINE_TYPES", "StagedModel", "TrainableLayer", "find_layers", "per_sample_loss",
            "select_layers"]
@@ -124,13 +125,45 @@ def per_sample_loss(logits_q: torch.Tensor, target: torch.Tensor, output_quant) 
 
 
 class StagedModel:
-    """Clean forward with cached stage inputs, and partial forwards from any stage."""
+    """Clean forward with cached stage inputs, and partial forwards from any stage.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``engine`` picks how stages run: "auto" (default) runs them on the fused channels-last
+    int8 kernels of :mod:`bpfree.quant.engine` when they compile and the model is on the CPU,
+    else on the reference layers; "reference" always uses the reference layers; "fast"
+    insists on the kernels. Both give the same bits; cached stage inputs are NCHW either way.
+    """
+
+    def __init__(self, model: nn.Module, engine: str = "auto") -> None:
         _check_model(model)
         self.model = model
         self.stages = list(model.body)
         self.inputs: list[torch.Tensor] = []
+        on_cpu = all(t.device.type == "cpu" for t in itertools.chain(model.parameters(),
+                                                                     model.buffers()))
+        if engine == "fast" and not on_cpu:
+            raise ValueError("engine='fast' runs on the CPU; the model is on another device")
+        self.fast = fast_stages(self.stages, engine) if on_cpu or engine not in ENGINES \
+            else None
+        self.engine = "fast" if self.fast is not None else "reference"
+        self._nhwc: tuple | None = None
+
+    def _run(self, start: int, h: torch.Tensor, end: int | None = None) -> torch.Tensor:
+        """Stages ``start .. end - 1`` on ``h`` (NCHW int8), on the fast path when there is one."""
+        if self.fast is None:
+            for stage in self.stages[start:end]:
+                h = stage(h)
+            return h
+        _check_int8_input(h)
+        return to_nchw(self.fast.run_nhwc(start, self._channels_last(h), end))
+
+    def _channels_last(self, h: torch.Tensor) -> torch.Tensor:
+        # A perturbed forward starts from the same cached stage input Q times: convert once.
+        if h.dim() != 4:
+            return h
+        key = (h.data_ptr(), h._version, tuple(h.shape), tuple(h.stride()))
+        if self._nhwc is None or self._nhwc[0] != key:
+            self._nhwc = (key, to_nhwc(h), h)
+        return self._nhwc[1]
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         return x if x.dtype == torch.int8 else self.model.input_quant.quantize(x)
@@ -146,8 +179,8 @@ class StagedModel:
         """
         self.inputs = [xq if cache or keep == 0 else None] + [None] * len(self.stages)
         h = xq
-        for k, stage in enumerate(self.stages):
-            h = stage(h)
+        for k in range(len(self.stages)):
+            h = self._run(k, h, k + 1)
             if cache or k + 1 == keep:
                 self.inputs[k + 1] = h
         return h
@@ -155,7 +188,7 @@ class StagedModel:
     @torch.no_grad()
     def advance(self, k: int) -> torch.Tensor:
         """Compute the input of stage ``k + 1`` from that of stage ``k`` and free the latter."""
-        h = self.stages[k](self.inputs[k])
+        h = self._run(k, self.inputs[k], k + 1)
         self.inputs[k + 1], self.inputs[k] = h, None
         return h
 
@@ -188,15 +221,13 @@ class StagedModel:
         """Forward from stage ``k`` on, starting from ``h`` (default: the cached input)."""
         if h is None:
             h = self.inputs[k]
-        for stage in self.stages[k:]:
-            h = stage(h)
-        return h
+        return self._run(k, h)
 
     @torch.no_grad()
     def refresh_from(self, k: int) -> torch.Tensor:
         """Recompute the cached inputs of stages after ``k`` (after an update to stage ``k``)."""
         h = self.inputs[k]
         for j in range(k, len(self.stages)):
-            h = self.stages[j](h)
+            h = self._run(j, h, j + 1)
             self.inputs[j + 1] = h
         return h

@@ -105,10 +105,15 @@ class QGlobalAvgPool2d(nn.Module):
         _check_int8_input(x)
         if x.dim() != 4:
             raise ValueError(f"input must have shape (N, C, H, W), got {tuple(x.shape)}")
-        count = x.shape[2] * x.shape[3]
+        out = self.from_sums(x.sum(dim=(2, 3), dtype=torch.int64), x.shape[2] * x.shape[3])
+        return out[:, :, None, None] if self.keepdim else out
+
+    def from_sums(self, sums: torch.Tensor, count: int) -> torch.Tensor:
+        """(N, C) int8 means from the int64 sums of the raw int8 values over ``count`` positions
+        (the fast channels-last path sums over its own axes and shares this arithmetic)."""
         if count == 0 or count * 255 > INT32_MAX:
             raise ValueError(f"H*W must be in [1, {INT32_MAX // 255}], got {count}")
-        acc = x.sum(dim=(2, 3), dtype=torch.int64) - self.input_quant.zero_point * count
+        acc = sums - self.input_quant.zero_point * count
         if self.rule == "litert":
             k = min(count.bit_length() - 1, 32, 31 + self.shift)
             out = _mbqm_int64(acc, (self.multiplier << k) // count, self.shift - k)
@@ -116,8 +121,7 @@ class QGlobalAvgPool2d(nn.Module):
         else:
             acc = _mbqm_int64(acc, self.multiplier, self.shift)
             out = rounding_integer_divide(acc, count).add_(self.output_quant.zero_point)
-        out = out.clamp_(INT8_MIN, INT8_MAX).to(torch.int8)
-        return out[:, :, None, None] if self.keepdim else out
+        return out.clamp_(INT8_MIN, INT8_MAX).to(torch.int8)
 
     def extra_repr(self) -> str:
         return (f"input={self.input_quant}, output={self.output_quant}, keepdim={self.keepdim}, "

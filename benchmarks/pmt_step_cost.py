@@ -1,0 +1,146 @@
+"""One PMT step (Algorithm 1) on the fast integer engine against the reference layers.
+
+The rows ``bench throughput`` reports for issue 30: the time of one PMT step, the step's
+multiply-accumulates (MACs, counted by hooks on the reference layers while it runs one step)
+and the rate achieved, as a fraction of this machine's single-thread fp32 GEMM rate and of
+``torch._int_mm`` (int8 x int8 -> int32, exact), both measured in the same run. The reference
+and fast engines are timed alternately in one process (medians of thread CPU time, one
+thread), and one step of each from the same state is compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from bpfree.bench.environment import median_seconds
+
+from bpfree.pmt import PMTConfig, PMTTrainer
+from bpfree.pmt.sparse import block, split_blocks
+from bpfree.quant.layers import QConv2d, QLinear
+
+ENGINES = ("reference", "fast")
+
+
+def thread_seconds(fn, repeats: int, warmup: int = 0) -> float:
+    """Median thread CPU seconds of ``fn()``: descheduling on a shared machine is not counted."""
+    return median_seconds(fn, repeats=repeats, warmup=warmup, clock=time.thread_time)
+
+
+def int_mm_macs_per_second(n: int = 1024, repeats: int = 5) -> float:
+    """MAC/s of ``torch._int_mm`` on an n x n x n int8 product (the exact int8 GEMM)."""
+    a = torch.randint(-128, 128, (n, n), dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, n), dtype=torch.int8)
+    return n**3 / thread_seconds(lambda: torch._int_mm(a, b), repeats, warmup=1)
+
+
+def fp32_macs_per_second(n: int = 1024, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return n**3 / thread_seconds(lambda: a @ b, repeats, warmup=1)
+
+
+def count_step_macs(qmodel, config: PMTConfig, example, x, y, trainable) -> int:
+    """MACs of one PMT step, counted on the reference layers (every QConv2d / QLinear call)."""
+    model = copy.deepcopy(qmodel)
+    total = [0]
+
+    def hook(mod, args, out):
+        if isinstance(mod, QConv2d):
+            k = mod.weight.shape[1] * mod.kernel_size[0] * mod.kernel_size[1]
+        else:
+            k = mod.in_features
+        total[0] += out.numel() * k
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (QConv2d, QLinear))]
+    trainer = PMTTrainer(model, config, example=example, trainable=trainable, engine="reference")
+    total[0] = 0  # find_layers' shape probe is not part of the step
+    trainer.step(x, y, lr=0.0)
+    for h in handles:
+        h.remove()
+    return total[0]
+
+
+def step_case(qmodel, example, x, y, *, trainable, queries: int, repeats: int) -> dict:
+    """Time one PMT step per engine (alternating), count its MACs, check bit-identity."""
+    config = PMTConfig(queries=queries, seed=0)
+    trainers = {e: PMTTrainer(copy.deepcopy(qmodel), config, example=example,
+                              trainable=trainable, engine=e) for e in ENGINES}
+    # Bit-identity: one step with a rate that changes weights, from the same state.
+    states, losses = {}, {}
+    for e, t in trainers.items():
+        losses[e] = t.step(x, y, lr=0.5)["loss"]
+        states[e] = {k: v.clone() for k, v in t.model.state_dict().items()}
+    identical = losses["reference"] == losses["fast"] and all(
+        torch.equal(states["reference"][k], states["fast"][k]) for k in states["reference"])
+    times = {e: [] for e in ENGINES}
+    for _ in range(repeats):  # alternate, so drifts of the machine hit both alike
+        for e, t in trainers.items():
+            times[e].append(thread_seconds(lambda: t.step(x, y, lr=0.0), 1))
+    macs = count_step_macs(qmodel, config, example, x, y, trainable)
+    return {"seconds": {e: statistics.median(v) for e, v in times.items()}, "macs": macs,
+            "identical": identical, "forwards": trainers["fast"].forwards}
+
+
+def cases(quick: bool):
+    """(label, qmodel, example, x, y, trainable, queries) of the step rows."""
+    from bpfree.models import mnist_mobilenet
+    from bpfree.quant import quantize_model
+
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    x = torch.rand(100, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (100,), generator=gen)
+    qmodel = quantize_model(mnist_mobilenet().eval(), x, input_range=(0.0, 1.0))
+    layers = PMTTrainer(qmodel, PMTConfig(), example=x[:2]).layers
+    blocks = split_blocks(layers, 4)
+    q = 10 if quick else 50
+    out = [(f"MNIST MobileNet block 1, Q={q}, batch 100", qmodel, x[:2], x, y, block(blocks, 1), q),
+           (f"MNIST MobileNet block 4, Q={q}, batch 100", qmodel, x[:2], x, y, block(blocks, 4), q)]
+    if quick:
+        return out, None
+    out.append((f"MNIST MobileNet whole model, Q={q}, batch 100", qmodel, x[:2], x, y, None, q))
+    try:
+        from bpfree.models.mcunet.quantized import mcunet_in1
+        mc = mcunet_in1()
+    except (OSError, ValueError, FileNotFoundError) as err:
+        return out, f"MCUNet-in1 rows skipped: {err}"
+    xm = torch.randint(-128, 128, (1, 3, 128, 128), dtype=torch.int8, generator=gen)
+    ym = torch.tensor([281])
+    mblocks = split_blocks(PMTTrainer(mc, PMTConfig(), example=xm).layers, 4)
+    out.append((f"MCUNet-in1 block 3, Q={q}, batch 1", mc, xm, xm, ym, block(mblocks, 3), q))
+    return out, None
+
+
+def rows(quick: bool, row, repeats: int) -> dict:
+    """Append the step rows through ``row(table, method, setting, metric, value)``."""
+    fp32 = fp32_macs_per_second(repeats=repeats)
+    int8 = int_mm_macs_per_second(repeats=repeats)
+    table = "PMT step: fast integer engine vs reference layers (1 thread)"
+    row("machine", "fp32 GEMM 1024^3 (thread CPU time)", "1 thread", "GMAC/s", fp32 / 1e9)
+    row("machine", "torch._int_mm int8 1024^3 (thread CPU time)", "1 thread", "GMAC/s",
+        int8 / 1e9)
+    todo, skipped = cases(quick)
+    extra = {"fp32_gmacs": fp32 / 1e9, "int_mm_gmacs": int8 / 1e9, "skipped": skipped}
+    if skipped:
+        print(skipped)
+    for label, qmodel, example, x, y, trainable, q in todo:
+        r = step_case(qmodel, example, x, y, trainable=trainable, queries=q, repeats=repeats)
+        macs = r["macs"]
+        row(table, "step MACs", label, "GMAC", macs / 1e9)
+        row(table, "fp32 GEMM bound of the step's MACs", label, "ms", macs / fp32 * 1e3)
+        for e in ENGINES:
+            s = r["seconds"][e]
+            name = "fast engine" if e == "fast" else "reference layers"
+            row(table, name, label, "ms per step", s * 1e3)
+            row(table, name, label, "GMAC/s", macs / s / 1e9)
+            row(table, name, label, "fraction of fp32 GEMM rate", macs / s / fp32)
+            row(table, name, label, "fraction of _int_mm rate", macs / s / int8)
+            row(table, name, label, "step time / fp32 GEMM bound", s * fp32 / macs)
+        row(table, "fast engine", label, "speed-up over reference",
+            r["seconds"]["reference"] / r["seconds"]["fast"])
+        row(table, "fast engine", label, "bit-identical step (1 = yes)", float(r["identical"]))
+    return extra
