@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .layers import QConv2d, QGlobalAvgPool2d, QLinear, QReLU
+from .layers import QAdd, QConv2d, QGlobalAvgPool2d, QLinear, QReLU
 from .layers.elementwise import QFlatten
 from .stages import QInvertedResidual
 
@@ -126,7 +126,8 @@ def kernel_library():
             lib.bpf_dense.argtypes = [p, i64, i32, i32, p, i32, i32, p, p, p, p]
             lib.bpf_conv.argtypes = [p, *[i32] * 5, p, *[i32] * 12, p, p, p, p]
             lib.bpf_depthwise.argtypes = [p, *[i32] * 5, p, *[i32] * 10, p, p, p]
-            for fn in (lib.bpf_dense, lib.bpf_conv, lib.bpf_depthwise):
+            lib.bpf_add.argtypes = [p, p, i64, *[i32] * 12, p]
+            for fn in (lib.bpf_dense, lib.bpf_conv, lib.bpf_depthwise, lib.bpf_add):
                 fn.restype = None
         _library_state["lib"] = lib
     return _library_state["lib"]
@@ -269,6 +270,25 @@ class _NeedsReference(Exception):
     """Raised by an op that cannot run on its channels-last input (never escapes)."""
 
 
+def _add_op(lib, module: QAdd):
+    """TFLite's requantized ADD (the residual add) on any layout: element-wise."""
+    p = module.params
+    if not (p.input1_shift <= 0 and p.input2_shift <= 0 and p.output_shift <= 0):
+        return module  # the kernel's precondition (multipliers below one); never seen in int8
+    args = (p.input1_offset, p.input2_offset, p.left_shift, p.input1_multiplier, p.input1_shift,
+            p.input2_multiplier, p.input2_shift, p.output_multiplier, p.output_shift,
+            p.output_offset, module.range.qmin, module.range.qmax)
+
+    def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        QAdd.check_inputs(a, b)
+        a, b = a.contiguous(), b.contiguous()
+        out = torch.empty(a.shape, dtype=torch.int8)
+        lib.bpf_add(a.data_ptr(), b.data_ptr(), a.numel(), *args, out.data_ptr())
+        return out
+
+    return run
+
+
 def _global_pool_op(module: QGlobalAvgPool2d):
     def run(x: torch.Tensor) -> torch.Tensor:
         count = x.shape[1] * x.shape[2]
@@ -322,7 +342,8 @@ def _compile_module(lib, module: nn.Module):
         return module  # a clamp: layout does not matter
     elif kind is QInvertedResidual:
         body = [_compile_module(lib, m) for m in module.body]
-        add = module.add
+        add = None if module.add is None else (
+            _add_op(lib, module.add) if type(module.add) is QAdd else module.add)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             h = x

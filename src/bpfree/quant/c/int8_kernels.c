@@ -280,6 +280,80 @@ void bpf_depthwise(const int8_t *x, int n, int h, int wd, int c_n, int32_t zx, c
             }
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Residual add (TFLite reference_integer_ops::AddFunc), element-wise, any layout             */
+/* ---------------------------------------------------------------------------------------- */
+
+static inline int64_t srdhm_scalar(int64_t x, int64_t m) {
+    int64_t h = (x * m + ((int64_t)1 << 30)) >> 31;
+    return h > INT32_MAX ? INT32_MAX : h;
+}
+
+static inline int64_t rdbpot_scalar(int64_t x, int e) {
+    int64_t half = ((int64_t)1 << e) >> 1;
+    int64_t fix = e > 0 ? (x >> 63) : 0;
+    return (x + half + fix) >> e;
+}
+
+#if defined(__AVX2__)
+/* SaturatingRoundingDoublingHighMul of int32 lanes by one multiplier in [0, 2^31): exact
+ * without saturation (see requant8). */
+static inline __m256i srdhm8(__m256i v, int32_t mult) {
+    __m256i m = _mm256_set1_epi32(mult);
+    __m256i nudge = _mm256_set1_epi64x((int64_t)1 << 30);
+    __m256i even = _mm256_srli_epi64(_mm256_add_epi64(_mm256_mul_epi32(v, m), nudge), 31);
+    __m256i odd = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(v, 32), m), nudge);
+    odd = _mm256_slli_epi64(_mm256_srli_epi64(odd, 31), 32);
+    return _mm256_blend_epi32(even, odd, 0xAA);
+}
+
+/* RoundingDivideByPOT by a constant exponent e in [0, 31], overflow-free (gemmlowp). */
+static inline __m256i rdbpot8(__m256i h, int e) {
+    __m256i mask = _mm256_set1_epi32((int32_t)(((int64_t)1 << e) - 1));
+    __m256i rem = _mm256_and_si256(h, mask);
+    __m256i thr = _mm256_add_epi32(_mm256_srai_epi32(mask, 1), _mm256_srli_epi32(h, 31));
+    __m256i up = _mm256_srli_epi32(_mm256_cmpgt_epi32(rem, thr), 31);
+    return _mm256_add_epi32(_mm256_srai_epi32(h, e), up);
+}
+#endif
+
+/* out = clamp(MBQM(MBQM((a + o1) << ls, m1, s1) + MBQM((b + o2) << ls, m2, s2), mo, so) + oo).
+ * Shifts s1, s2, so are <= 0 (multipliers below one) and ls is 20 for int8: |(a + o1) << ls|
+ * < 2^28, so every value stays an int32 and the vector path needs no saturation. */
+void bpf_add(const int8_t *a, const int8_t *b, int64_t n, int32_t o1, int32_t o2, int32_t ls,
+             int32_t m1, int32_t s1, int32_t m2, int32_t s2, int32_t mo, int32_t so,
+             int32_t oo, int32_t qmin, int32_t qmax, int8_t *out) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    if (ls <= 22) {
+        __m256i vo1 = _mm256_set1_epi32(o1), vo2 = _mm256_set1_epi32(o2);
+        __m256i voo = _mm256_set1_epi32(oo);
+        __m256i lo = _mm256_set1_epi32(qmin), hi = _mm256_set1_epi32(qmax);
+        for (; i + 8 <= n; i += 8) {
+            __m256i x1 = _mm256_slli_epi32(_mm256_add_epi32(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + i))), vo1), ls);
+            __m256i x2 = _mm256_slli_epi32(_mm256_add_epi32(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + i))), vo2), ls);
+            __m256i t = _mm256_add_epi32(rdbpot8(srdhm8(x1, m1), -s1),
+                                         rdbpot8(srdhm8(x2, m2), -s2));
+            __m256i y = _mm256_add_epi32(rdbpot8(srdhm8(t, mo), -so), voo);
+            y = _mm256_max_epi32(_mm256_min_epi32(y, hi), lo);
+            __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(y),
+                                          _mm256_extracti128_si256(y, 1));
+            _mm_storel_epi64((__m128i *)(out + i), _mm_packs_epi16(p16, p16));
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        int64_t x1 = ((int64_t)a[i] + o1) * ((int64_t)1 << ls);
+        int64_t x2 = ((int64_t)b[i] + o2) * ((int64_t)1 << ls);
+        int64_t t = rdbpot_scalar(srdhm_scalar(x1, m1), -s1)
+                  + rdbpot_scalar(srdhm_scalar(x2, m2), -s2);
+        int64_t y = rdbpot_scalar(srdhm_scalar(t, mo), -so) + oo;
+        out[i] = (int8_t)(y < qmin ? qmin : (y > qmax ? qmax : y));
+    }
+}
+
 /* Which path this build took: 1 with AVX2, 0 portable. */
 int bpf_vector_width(void) {
 #if defined(__AVX2__)
