@@ -325,8 +325,9 @@ def render_claim_status(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> lis
               f"number or ordering, leaving out baseline sanity checks and bpfree's own "
               f"engineering claims): **{len(linked)} claims: {_claim_counts(linked)}.**", "",
               "One verdict per claim: the full run's where one exists; "
-              f"{n_quick} claim(s) have only a quick run (reduced settings), marked "
-              "\"quick (no full run)\". A comparison inside the seed noise (2 standard errors "
+              + (f"{n_quick} claim(s) have only a quick run (reduced settings), marked "
+                 "\"quick (no full run)\"." if n_quick else "every claim here has a full run.")
+              + " A comparison inside the seed noise (2 standard errors "
               "of the difference unless the claim says otherwise) is \"not decided\". "
               "Quick runs' own verdicts are in their sections below.", ""]
     lines += _tally_table(claim_tally(headline)) + [""]
