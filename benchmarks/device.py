@@ -608,6 +608,18 @@ def _host_rows(host: dict) -> list[dict]:
     return rows
 
 
+#: "An MCU with 256 KB SRAM": the budget PMT's Tables 7 and 9 underline (§4.3).
+PAPER_SRAM_KB = 256
+
+
+def ledger_from_result(document: dict) -> list[dict]:
+    """:func:`_claims` recomputed from a committed result file (``extra`` keeps the memory,
+    instruction, host, trace and accuracy summaries the rules read): no build, no run."""
+    extra = document["extra"]
+    return _claims(extra["memory"], extra["instructions"], extra["host"], extra["trace"],
+                   _accuracy_summary(extra["accuracy"]))
+
+
 def _claims(memory: dict, instructions: dict, host: dict, trace: dict,
             accuracy: dict) -> list[dict]:
     full, sparse = memory["full"], memory["sparse"]
@@ -621,10 +633,14 @@ def _claims(memory: dict, instructions: dict, host: dict, trace: dict,
               "and 2 MiB flash", paper="fits 1024 KB",
               ours=f"{used['full']:.0f} KB SRAM, {(full['text'] + full['data']) / KB:.0f} KB "
                    "flash", holds=bool(full["fits"])),
-        claim("device-sparse-fits-320", "issue 17; PMT §4.4 (STM32F746, block 3)",
-              "the sparse MCUNet-in1 program (block 3) links into 320 KiB SRAM",
-              paper="fits 256 KB (Table 9: 209 KB)", ours=f"{used['sparse']:.0f} KB",
-              holds=bool(sparse["fits"])),
+        claim("device-sparse-fits-256", "PMT §4.3, Tables 7 and 9 (256 KB SRAM); issue 17",
+              f"the sparse MCUNet-in1 program (block 3) needs at most {PAPER_SRAM_KB} KB SRAM, "
+              "the budget the paper trains in (the STM32F746 has 320 KiB: "
+              + ("it links" if sparse["fits"] else "it does not even link") + ")",
+              paper=f"fits {PAPER_SRAM_KB} KB (Table 9: 209 KB)",
+              ours=f"{used['sparse']:.0f} KB", holds=used["sparse"] <= PAPER_SRAM_KB,
+              note="the linked program's data + bss, the one SRAM figure for the sparse "
+                   "program (mcunet's t9-sparse-fits-f746 applies the paper's formula)"),
         claim("device-full-668", "PMT Table 8", "full-model training needs no more SRAM "
               "than the parameters plus the inference peak (478 + 190 = 668 KB)",
               paper=float(MCUNET_PAPER["bpfree_full_kb"]), ours=round(used["full"], 1),

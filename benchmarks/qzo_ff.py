@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from bpfree.bench.claims import claim
+from bpfree.bench.claims import (UNDECIDED, all_hold, claim, exceeds, order, se_from_std,
+                                 tolerance, within)
 from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, spawn_pool
 
@@ -276,8 +277,9 @@ def _pm(mean: float, spread: float) -> str:
 def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]:
     """The claim ledger of Tables 2 and 5, Fig. 2 and Fig. 3: every verdict is a rule on
     ``rows``. Few-shot spreads are 95 % intervals over episodes (gains paired per episode);
-    OOD and ablation spreads are standard deviations over ``n_seeds`` seeds. ``budget``: the
-    :func:`paper_budget` notes."""
+    OOD and ablation spreads are standard deviations over ``n_seeds`` seeds. Every comparison
+    carries its noise (the 95 % interval, or 2 standard errors of the difference): a margin
+    or ordering inside it is "not decided". ``budget``: the :func:`paper_budget` notes."""
     r = _Rows(rows)
     out = []
     doms = r.domains()
@@ -304,7 +306,7 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
            if t == T_EPS and mt == "gradient cosine (first step)"]
     cos_text = (f"; first-step cosine of the FF estimate with the true gradient "
                 f"{min(v for *_, v in cos):.3f} to {max(v for *_, v in cos):.3f}" if cos else "")
-    beats = {(m, d): gain(m, d)[0] - gain(m, d)[1] > 0 for m in ff_rows for d in doms}
+    beats = {(m, d): exceeds(gain(m, d)[0], 0.0, gain(m, d)[1]) for m in ff_rows for d in doms}
     out.append(claim(
         "qzoff-t2-ff-beats-zero-shot", "Table 2, §4.1",
         "FF (FT, LP and LP 16w8a) beats zero-shot in every domain: the per-episode gain's 95 % "
@@ -313,7 +315,7 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
         ours="; ".join(f"{d}: " + ", ".join(
             f"{m} {gain(m, d)[0]:+.2f} ± {gain(m, d)[1]:.2f} ({changed(m, d):.0f} episodes "
             "changed)" for m in ff_rows) for d in doms),
-        holds=all(beats.values()),
+        holds=all_hold(beats.values()),
         note=("is eps too small? " + "; ".join(eps_parts) + cos_text + ". "
               + budget["fewshot"]).strip()))
     pairs = [(d, k) for d in doms for k in ("FT", "LP")]
@@ -324,26 +326,52 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
             acc[(d, k)] = (r.get(T_FEW, f"FF {k}", f"{d}, {clf}", "accuracy (%)"),
                            r.get(T_FEW, f"BP {k}", f"{d}, {clf}", "accuracy (%)"))
     close = sum(abs(a - b) <= 5 for a, b in acc.values())
+    # A task where BP itself does not beat zero-shot (paired 95 % interval) says nothing about
+    # "FF comes close to BP": both may sit at the backbone's zero-shot accuracy.
+    idle = [f"{d} {k}" for d, k in pairs
+            if exceeds(gain(f"BP {k}", d)[0], 0.0, gain(f"BP {k}", d)[1]) is not True]
+    within_5 = close / len(pairs) >= 26 / 30
     out.append(claim(
         "qzoff-t2-ff-within-5-of-bp", "Table 2, §4.1",
-        "FF is within 5 points of BP on at least 26 of every 30 tasks",
+        "FF is within 5 points of BP on at least 26 of every 30 tasks (a task counts only "
+        "where BP itself beats zero-shot)",
         paper="26/30", ours=f"{close}/{len(pairs)} (" + "; ".join(
             f"{d} {k}: FF {acc[(d, k)][0]:.2f} vs BP {acc[(d, k)][1]:.2f}" for d, k in pairs)
         + ")",
-        holds=close / len(pairs) >= 26 / 30, note=budget["fewshot"] or None))
+        holds=UNDECIDED if within_5 and idle else within_5,
+        note="; ".join(t for t in (
+            "BP does not beat zero-shot (paired 95 % interval) on " + ", ".join(idle)
+            + ": FF matching it there is no evidence" if idle else None,
+            budget["fewshot"]) if t) or None))
     qgap = {d: (r.get(T_FEW, "FF LP 16w8a", f"{d}, head", "accuracy (%)")
                 - r.get(T_FEW, "FF LP", f"{d}, head", "accuracy (%)")) for d in doms}
+
+    def qgap_tol(d):
+        """The paired interval where the run has it, else both accuracies' 95 % intervals."""
+        paired = r.get(T_QGAP, "FF LP 16w8a - FF LP", d, "95% CI (±)")
+        if paired is not None:
+            return paired
+        return tolerance(*(r.get(T_FEW, m, f"{d}, head", "95% CI (±)", 0.0)
+                           for m in ("FF LP 16w8a", "FF LP")), k=1.0)
+
     out.append(claim(
         "qzoff-t2-quant-matches-fp", "Table 2 (Quant rows), §4.1",
-        "Quantized FF (16w8a) stays within 1 point of full-precision FF (LP) in every domain",
+        "Quantized FF (16w8a) stays within 1 point of full-precision FF (LP) in every domain "
+        "(the paper's qualifier: \"when a strong backbone such as ViT tiny is used\"; ours is "
+        "the small MNIST backbone of these rows)",
         paper="similar accuracy",
-        ours="; ".join(f"{d}: {g:+.2f}" for d, g in qgap.items()),
-        holds=all(abs(g) <= 1 for g in qgap.values()),
+        ours="; ".join(f"{d}: {g:+.2f} (noise ± {qgap_tol(d):.2f})" for d, g in qgap.items()),
+        holds=all_hold(within(g, 1.0, qgap_tol(d)) for d, g in qgap.items()),
         note=(_paired_quant_note(r, doms) + budget["fewshot"]).strip() or None))
     levels = list(SEVERITIES)
 
     def lv(m, level):
         return r.level(m, level), r.level(m, level, "std over seeds") if m != "Zero-shot" else 0
+
+    def lv_tol(a, b, level):
+        """2 standard errors of the difference of two seed means (zero-shot has no seeds)."""
+        return tolerance(se_from_std(lv(a, level)[1], n_seeds), se_from_std(lv(b, level)[1],
+                                                                              n_seeds))
 
     def lv_text(*methods):
         return "; ".join(f"{lev}: " + " vs ".join(_pm(*lv(m, lev)) for m in methods)
@@ -355,13 +383,15 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
         "FF improves on zero-shot at every corruption level (mean over corruptions)",
         paper="83.37 / 77.04 / 68.65 vs 82.48 / 74.59 / 62.40",
         ours=lv_text("FF", "Zero-shot"),
-        holds=all(lv("FF", lev)[0] > lv("Zero-shot", lev)[0] for lev in levels),
+        holds=all_hold(order(lv("FF", lev)[0], lv("Zero-shot", lev)[0],
+                             lv_tol("FF", "Zero-shot", lev)) for lev in levels),
         note=ood_note))
     out.append(claim(
         "qzoff-t5-ff-near-bp", "Table 5 (LP 1 LN), §4.3",
         "FF is within 2 points of BP at every corruption level",
         paper="gaps 0.38 / 0.84 / 1.38", ours=lv_text("FF", "BP"),
-        holds=all(lv("BP", lev)[0] - lv("FF", lev)[0] <= 2 for lev in levels), note=ood_note))
+        holds=all_hold(exceeds(2.0, lv("BP", lev)[0] - lv("FF", lev)[0], lv_tol("BP", "FF", lev))
+                       for lev in levels), note=ood_note))
     sp = {lev: lv("FF, Sparse (90%)", lev)[0] - lv("FF", lev)[0] for lev in levels}
     diag = [(m, st, v) for (t, m, st, mt), v in r.rows.items()
             if t == T_SPARSE and mt == "accuracy (%)"]
@@ -373,18 +403,23 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
         "qzoff-t5-sparse-matches-dense", "Table 5 (FF, Sparse), §3.4, §4.3",
         "FF with 90 % of the weights pruned stays within 1 point of dense FF at every level",
         paper="differences 0.03 / 0.07 / 0.02", ours=lv_text("FF, Sparse (90%)", "FF"),
-        holds=all(abs(g) <= 1 for g in sp.values()),
+        holds=all_hold(within(g, 1.0, lv_tol("FF, Sparse (90%)", "FF", lev))
+                       for lev, g in sp.items()),
         note=(diag_text.strip() + " " + (budget["ood"] or "")).strip() or None))
     qd = {lev: lv("FF, Quant (16w8a)", lev)[0] - lv("FF", lev)[0] for lev in levels}
     out.append(claim(
         "qzoff-t5-quant-matches-fp", "Table 5 (FF, Quant), §4.3",
         "FF in 16w8a stays within 1 point of FP FF at every level",
         paper="differences 0.14 / 0.31 / 0.37", ours=lv_text("FF, Quant (16w8a)", "FF"),
-        holds=all(abs(g) <= 1 for g in qd.values()), note=ood_note))
+        holds=all_hold(within(g, 1.0, lv_tol("FF, Quant (16w8a)", "FF", lev))
+                       for lev, g in qd.items()), note=ood_note))
     bits = {m: st for (t, m, st, mt) in r.rows if t == T_BITS and mt == "accuracy (%)"}
 
     def bit(m):
         return r.spread(T_BITS, m, bits[m])
+
+    def bit_tol(*methods):
+        return tolerance(*(se_from_std(bit(m)[1], n_seeds) for m in methods))
 
     zero_hard = next(v for (t, m, st, mt), v in r.rows.items()
                      if t == T_OOD and m == "Zero-shot" and st == "hard: gaussian noise"
@@ -393,14 +428,15 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
         "qzoff-fig2-16w8a-trains", "Fig. 2, §4.2 (Effectiveness of Quantized FF)",
         "Quantized FF (16w8a) LP trains well above zero-shot (at least 5 points)",
         paper="48.50 -> 87.30", ours=f"{zero_hard:.2f} -> {_pm(*bit('FF 16w8a'))}",
-        holds=bit("FF 16w8a")[0] >= zero_hard + 5,
+        holds=exceeds(bit("FF 16w8a")[0], zero_hard + 5, bit_tol("FF 16w8a")),
         note="hard Gaussian noise, LP 1 LN. " + (budget["ood"] or "")))
     out.append(claim(
         "qzoff-fig2-16w8a-near-bp", "Fig. 2, §4.2 (Effectiveness of Quantized FF)",
         "Quantized FF (16w8a) LP is within 1 point of BP",
         paper="0.63 below BP (fp16)",
         ours=f"{_pm(*bit('FF 16w8a'))} vs BP fp32 {_pm(*bit('BP fp32'))}",
-        holds=bit("BP fp32")[0] - bit("FF 16w8a")[0] <= 1, note=ood_note))
+        holds=exceeds(1.0, bit("BP fp32")[0] - bit("FF 16w8a")[0], bit_tol("BP fp32", "FF 16w8a")),
+        note=ood_note))
     tight8, tight16 = "FF 8w8a, tight range (headroom 1)", "FF 16w8a, tight range (headroom 1)"
     out.append(claim(
         "qzoff-fig2-8w8a-no-convergence", "Fig. 2, §4.2 (Quantization bit-width), App. E",
@@ -409,7 +445,7 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
         paper="8w8a LP error 51.35 % (not converged)",
         ours=f"8w8a {_pm(*bit(tight8))} vs 16w8a {_pm(*bit(tight16))}; with 4x headroom "
              f"8w8a {_pm(*bit('FF 8w8a'))}",
-        holds=bit(tight8)[0] <= bit(tight16)[0] - 10,
+        holds=exceeds(bit(tight16)[0] - 10, bit(tight8)[0], bit_tol(tight8, tight16)),
         note="the bit-width rows' note names the tensors whose ε quantizes to 0. "
              + (budget["ood"] or "")))
     m_rows = {m: st for (t, m, st, mt) in r.rows if t == T_M and mt == "accuracy (%)"}
@@ -421,10 +457,11 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
              if t == T_ALIGN and mt == "cosine (measured)"}
     out.append(claim(
         "qzoff-fig2-m3-gain", "Fig. 2, §4.2 (Gradient averaging in FF)",
-        "m = 3 beats m = 1 at equal steps by more than two standard errors of the difference",
+        "m = 3 beats m = 1 at equal steps by more than two standard errors of the difference "
+        "(an LP 1 LN analogue: the paper's +1.22 is D-VPT, which this run does not train)",
         paper="+1.22 (D-VPT fp16)",
         ours=f"{a3 - a1:+.2f} (m=1 {_pm(a1, s1)}, m=3 {_pm(a3, s3)}; 2 SE = {2 * se:.2f})",
-        holds=a3 - a1 > 2 * se,
+        holds=order(a3, a1, 2 * se),
         note=("gradient cosine of the estimate: " + ", ".join(
             f"{m.split(', ')[1]} {v:.4f}" for m, v in align.items()) + ". "
               if align else "") + (budget["ood"] or "")))
@@ -449,7 +486,47 @@ def ledger(rows: list[dict], budget: dict[str, str], n_seeds: int) -> list[dict]
                               f"{ft_rows[smallest]:.3f} MB",
         holds=smallest == "FF 16w8a sparse",
         note="analytic rules; LP rows train only the decoder and are left out"))
+    out += baseline_sanity(r, doms, levels, n_seeds, zero_hard, bit("BP fp32"))
     return out
+
+
+def baseline_sanity(r: _Rows, doms, levels, n_seeds: int, zero_hard: float,
+                    bp_bits: tuple[float, float]) -> list[dict]:
+    """The BP baselines train: few-shot BP FT / LP beat zero-shot in every domain (the
+    paired per-episode gain's 95 % interval above 0); OOD BP beats zero-shot at every level
+    and in the bit-width block by more than 2 standard errors of its seeds. The start is the
+    zero-shot backbone; the runs record no training loss, so the accuracy alone decides."""
+    out = []
+    for k in ("FT", "LP"):
+        gains = {d: (r.get(T_GAIN, f"BP {k}", d, "gain (points)"),
+                     r.get(T_GAIN, f"BP {k}", d, "95% CI (±)")) for d in doms}
+        out.append(claim(
+            f"qzoff-sanity-bp-{k.lower()}", f"Table 2 analogue (BP {k})",
+            f"BP {k} trains: it beats zero-shot in every few-shot domain (paired per-episode "
+            "gain's 95 % interval above 0)",
+            paper=None, ours="; ".join(f"{d}: {g:+.2f} ± {ci:.2f}" for d, (g, ci) in gains.items()),
+            holds=all(exceeds(g, 0.0, ci) is True for g, ci in gains.values()),
+            note="training loss not recorded: the accuracy alone decides", kind="sanity"))
+    ood = {lev: (r.level("BP", lev), r.level("BP", lev, "std over seeds"),
+                 r.level("Zero-shot", lev)) for lev in levels}
+    out.append(claim(
+        "qzoff-sanity-bp-ood", "Table 5 analogue (BP), Fig. 2 analogue (BP fp32)",
+        "BP trains on the corrupted images: it beats zero-shot at every level and on hard "
+        "Gaussian noise by more than 2 standard errors of its seeds",
+        paper=None,
+        ours="; ".join(f"{lev}: {z:.2f} -> {a:.2f} ± {sd:.2f}" for lev, (a, sd, z) in ood.items())
+             + f"; hard Gaussian noise: {zero_hard:.2f} -> {bp_bits[0]:.2f} ± {bp_bits[1]:.2f}",
+        holds=all(exceeds(a, z, 2 * se_from_std(sd, n_seeds)) is True
+                  for a, sd, z in [*ood.values(), (*bp_bits, zero_hard)]),
+        note="training loss not recorded: the accuracy alone decides", kind="sanity"))
+    return out
+
+
+def ledger_from_result(document: dict) -> list[dict]:
+    """:func:`ledger` recomputed from a committed result file: its rows, and the settings
+    (``extra.settings``) for the budget notes and the seed count."""
+    cfg = document["extra"]["settings"]
+    return ledger(document["rows"], paper_budget(cfg), len(cfg["seeds"]))
 
 
 def _memory_rows(batch_size: int, m: int):

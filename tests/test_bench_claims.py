@@ -33,8 +33,8 @@ def test_claim_normalises_numbers_and_numpy_bools():
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"holds": 1}, "'holds' must be True, False or None"),
-        ({"holds": "yes"}, "'holds' must be True, False or None"),
+        ({"holds": 1}, "'holds' must be True, False, 'not decided'"),
+        ({"holds": "yes"}, "'holds' must be True, False, 'not decided'"),
         ({"paper": float("nan")}, "'paper' must be finite"),
         ({"ours": [1, 2]}, "'ours' must be a string, a finite number or None"),
         ({"ours": True}, "'ours' must be a string, a finite number or None"),
@@ -107,7 +107,7 @@ def test_claims_are_lifted_into_the_document(tmp_path):
 @pytest.mark.parametrize(("code", "fragment"), [
     ("[claim('a', 'T', 's', paper=1, ours=2, holds=True)] * 2", "duplicate id 'a'"),
     ("[{'id': 'a', 'paper_ref': 'T', 'statement': 's', 'paper': 1, 'ours': 2, 'holds': 1}]",
-     "'holds' must be True, False or None"),
+     "'holds' must be True, False, 'not decided'"),
 ])
 def test_bad_claims_fail_the_run_and_write_nothing(tmp_path, code, fragment):
     folder = _bench_folder(tmp_path / "benchmarks", code)
@@ -144,13 +144,15 @@ def test_docs_open_with_the_claim_status_table(tmp_path):
     text = out.read_text()
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[0] == "## Claim status"
-    assert "**1 hold, 1 fail, 1 not measured** (over 3 claims" in text
+    # one verdict per claim: the full run's "a" replaces the quick run's
+    assert "**2 claims: 1 hold, 1 fail.**" in text
     status = text[text.index("## Claim status"):text.index("## Overview")]
     assert "| pmt | full (dirty tree) | a | T4 | holds here | 64.7 | 60.1 | holds |" in status
     assert "| pmt | full (dirty tree) | b | T7 | fails here | 64.7 | 60.1 | fails |" in status
-    assert "| pmt | quick | a | T4 | not run quick | 1 | — | not measured |" in status
+    assert "not run quick" not in status
     assert "| plain |" not in status  # no claims: not in the table
-    assert "### pmt: claims (1 hold, 1 fail, 0 not measured)" in text
+    assert "### pmt: claims (1 hold, 1 fail)" in text
+    assert "### pmt: claims (0 hold, 0 fail, 1 not measured)" in text
     assert "- **Git revision:** abc1234 (dirty tree)" in text
 
 
@@ -162,7 +164,7 @@ def test_docs_mark_old_dirty_revisions_and_refuse_bad_claims(tmp_path):
     bad = [{"id": "x", "paper_ref": "T", "statement": "s", "paper": 1, "ours": 1, "holds": "y"}]
     (results / "bad.json").write_text(json.dumps(_document("bad", False, bad)))
     report = docs.generate_docs(results, tmp_path / "B.md")
-    assert "'holds' must be True, False or None" in dict(report.skipped)["results/bad.json"]
+    assert "'holds' must be True, False, 'not decided'" in dict(report.skipped)["results/bad.json"]
     assert "- **Git revision:** f00 (dirty tree)" in (tmp_path / "B.md").read_text()
 
 

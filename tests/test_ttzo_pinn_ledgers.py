@@ -265,7 +265,13 @@ def _pinn_mse():
             ("FO", "FC-3 78", "AD"): 1.52e-2, ("ZO", "FC-3 78", "SG"): 4.35e-2,
             ("FO", "FC-2 320", "AD"): 6.55e-4, ("ZO", "FC-2 320", "SG"): 1.0e-2,
             ("FO", "SP-3", "AD"): 1.54e-9, ("ZO", "SP-3", "SG"): 6.29e-5}
-    return {k: [v / 2, v, v * 2] for k, v in base.items()}
+    return {k: _seeds(v) for k, v in base.items()}
+
+
+def _seeds(mse: float) -> list[float]:
+    """Three seeds 10 % apart: 2 SE of a log-MSE difference is a factor of about 1.17, so
+    the paper's orderings are decided (a spread of 2x either way would leave most inside)."""
+    return [mse / 1.1, mse, mse * 1.1]
 
 
 def test_pinn_geometric_mean():
@@ -278,24 +284,29 @@ def test_pinn_ledger_holds_on_the_papers_numbers():
     assert {c["holds"] for c in claims.values()} == {True}
 
 
-@pytest.mark.parametrize("overrides, failing", [
-    ({("FO", "TT-3", "SG"): 3e-4}, {"pinn-t4-fo-sg-beats-se"}),
+@pytest.mark.parametrize("overrides, failing, undecided", [
+    ({("FO", "TT-3", "SG"): 3e-4}, {"pinn-t4-fo-sg-beats-se", "pinn-t4-fo-sg-competitive-ad"},
+     set()),
     # the quick run's 1.2x margin: SG still best, margin fails
     ({("ZO", "TT-3", "SG"): 3.1e-4}, {"pinn-t5-zo-sg-margin", "pinn-t5-zo-near-fo",
-                                      "pinn-t6-tt-best-zo"}),
-    ({("ZO", "TT-3", "SG"): 4e-4}, {"pinn-t5-zo-sg-best", "pinn-t5-zo-sg-margin",
-                                    "pinn-t5-zo-near-fo", "pinn-t6-tt-best-zo"}),
-    ({("ZO", "SP-3", "SG"): 1e-5}, {"pinn-t6-tt-best-zo"}),
-    ({("ZO", "FC-2 320", "SG"): 1e-4}, {"pinn-t6-tt-beats-fc-zo"}),
+                                      "pinn-t6-tt-best-zo"}, set()),
+    # SG between FD (3.79e-4) and SE (4.35e-4), 5-8 % from each: inside 2 SE of the seeds
+    ({("ZO", "TT-3", "SG"): 4e-4}, {"pinn-t5-zo-sg-margin", "pinn-t5-zo-near-fo",
+                                    "pinn-t6-tt-best-zo"}, {"pinn-t5-zo-sg-best"}),
+    ({("ZO", "SP-3", "SG"): 1e-5}, {"pinn-t6-tt-best-zo"}, set()),
+    ({("ZO", "FC-2 320", "SG"): 1e-4}, {"pinn-t6-tt-beats-fc-zo"}, set()),
     # the quick run's SP-3: worst under FO
-    ({("FO", "SP-3", "AD"): 2e-4}, {"pinn-t6-sp-best-fo"}),
+    ({("FO", "SP-3", "AD"): 2e-4}, {"pinn-t6-sp-best-fo"}, set()),
 ])
-def test_pinn_ledger_fails_the_claims_its_rows_break(overrides, failing):
+def test_pinn_ledger_fails_the_claims_its_rows_break(overrides, failing, undecided):
+    from bpfree.bench.claims import UNDECIDED
+
     mse = _pinn_mse()
-    mse.update({k: [v / 2, v, v * 2] for k, v in overrides.items()})
+    mse.update({k: _seeds(v) for k, v in overrides.items()})
     claims = _by_id(pinn.ledger(mse))
     assert {i for i, c in claims.items() if c["holds"] is False} == failing
-    assert all(c["holds"] is True for i, c in claims.items() if i not in failing)
+    assert {i for i, c in claims.items() if c["holds"] == UNDECIDED} == undecided
+    assert all(c["holds"] is True for i, c in claims.items() if i not in failing | undecided)
 
 
 def test_pinn_derivative_errors_are_small_for_fd_on_a_smooth_network():

@@ -125,6 +125,15 @@ def _cmd_docs(args: argparse.Namespace) -> int:
     # lazy: as in _cmd_bench (torch loads only for the command that needs it)
     from bpfree.bench import docs
 
+    if args.reledger:
+        from bpfree.bench.reledger import reledger_results
+
+        redone = reledger_results(args.results, allow_dirty=args.allow_dirty)
+        for flip in redone.flips:
+            print(f"{flip.source}: {flip.claim}: {flip.before} -> {flip.after}")
+        print(f"re-derived the claims of {len(redone.rewritten) + len(redone.unchanged)} "
+              f"result file(s) from their rows: {len(redone.rewritten)} changed, "
+              f"{len(redone.flips)} verdict(s) flipped")
     report = docs.generate_docs(args.results, args.out)
     for source, reason in report.skipped:
         print(f"{PROG}: warning: skipped {source}: {reason}", file=sys.stderr)
@@ -183,6 +192,13 @@ def _add_docs(subparsers) -> None:
     p.add_argument("--results", metavar="DIR", default=DEFAULT_RESULTS_DIR,
                    help="folder of result JSON files")
     p.add_argument("--out", metavar="PATH", default=DEFAULT_OUT, help="Markdown file to write")
+    p.add_argument("--reledger", action="store_true",
+                   help="first recompute each result file's claims from its committed rows with "
+                        "the benchmark's current rules (ledger_from_result; no training), "
+                        "rewrite the claims and print every verdict that flips")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="with --reledger: accept uncommitted changes (the claims are marked "
+                        "dirty)")
     _add_debug(p)
     p.set_defaults(handler=_cmd_docs)
 

@@ -7,11 +7,19 @@ a plain dict::
 
     {"id": str, "paper_ref": str, "statement": str,
      "paper": str | float | None, "ours": str | float | None,
-     "holds": bool | None,            # None: not measured in this run
-     "note": str}                     # optional
+     "holds": bool | "not decided" | None,   # None: not measured in this run
+     "note": str,                            # optional
+     "kind": "paper" | "sanity" | "engineering"}   # optional, see claim_kind
 
 ``holds`` is computed by a rule written in the benchmark from that run's rows, never typed
 by hand; build each entry with :func:`claim` so that a wrong type fails at the source.
+
+A comparison of measured quantities carries a tolerance from their seed spread
+(:func:`tolerance`: ``k`` standard errors of the difference, 2 by default): an ordering or a
+margin inside it is :data:`UNDECIDED` ("not decided"), neither "holds" nor "fails"
+(:func:`exceeds`, :func:`order`, :func:`within`, :func:`all_hold`). A tie is never decided.
+:func:`sanity_claim` is the check every baseline row gets: its training loss falls and its
+accuracy moves off its start by more than the seed noise.
 """
 
 from __future__ import annotations
@@ -24,7 +32,20 @@ from typing import Any
 import numpy as np
 
 CLAIM_KEYS = ("id", "paper_ref", "statement", "paper", "ours", "holds")
-_OPTIONAL_KEYS = ("note",)
+_OPTIONAL_KEYS = ("note", "kind")
+UNDECIDED = "not decided"
+"""The third verdict: the measured difference lies inside the seed noise."""
+KINDS = ("paper", "sanity", "engineering")
+"""What a claim checks: a paper's number or ordering, that a baseline trains at all, or the
+project's own engineering promise (an issue's "Done when")."""
+PAPERS = ("PMT", "QZO-FF", "TT-ZO", "BP-free PINN", "TinyFoA")
+"""The five papers the benchmarks reproduce (docs/PAPERS.md), in the order the docs count them."""
+# The paper a benchmark reproduces; a claim's paper_ref naming another paper overrides it.
+BENCHMARK_PAPERS = {"pmt": "PMT", "pmt-seeds": "PMT", "pmt-cosine": "PMT", "mcunet": "PMT",
+                    "device": "PMT", "qzo-ff": "QZO-FF", "tt-zo": "TT-ZO",
+                    "pinn": "BP-free PINN", "tinyfoa": "TinyFoA"}
+_PAPER_TAGS = (("PMT", "PMT"), ("QZO-FF", "QZO-FF"), ("TT-ZO", "TT-ZO"), ("PINN", "BP-free PINN"),
+               ("TinyFoA", "TinyFoA"))
 _TEXT_KEYS = ("id", "paper_ref", "statement")
 
 
@@ -45,14 +66,16 @@ def _value(value: Any, key: str, where: str) -> str | float | None:
     return number
 
 
-def _verdict(value: Any, where: str) -> bool | None:
-    """``holds``: a real bool (numpy's converted) or None; 0/1 and strings are refused."""
-    if value is None or isinstance(value, bool):
+def _verdict(value: Any, where: str) -> bool | str | None:
+    """``holds``: a real bool (numpy's converted), :data:`UNDECIDED` or None; 0/1 and other
+    strings are refused."""
+    if value is None or isinstance(value, bool) or (isinstance(value, str) and value == UNDECIDED):
         return value
     if isinstance(value, np.bool_):
         return bool(value)
-    raise ClaimError(f"{where}: 'holds' must be True, False or None (not measured), "
-                         f"got {value!r} of type {type(value).__name__}")
+    raise ClaimError(f"{where}: 'holds' must be True, False, {UNDECIDED!r} (inside the seed "
+                     f"noise) or None (not measured), got {value!r} of type "
+                     f"{type(value).__name__}")
 
 
 def validate_claim(entry: Any, index: int = 0) -> dict:
@@ -82,6 +105,11 @@ def validate_claim(entry: Any, index: int = 0) -> dict:
         if not isinstance(entry["note"], str):
             raise ClaimError(f"{where}: 'note' must be a string, got {entry['note']!r}")
         normalised["note"] = entry["note"]
+    if entry.get("kind") is not None:
+        if entry["kind"] not in KINDS:
+            raise ClaimError(f"{where}: 'kind' must be one of {list(KINDS)}, "
+                             f"got {entry['kind']!r}")
+        normalised["kind"] = entry["kind"]
     return normalised
 
 
@@ -100,15 +128,180 @@ def validate_claims(claims: Any) -> list[dict]:
 
 
 def claim(id: str, paper_ref: str, statement: str, *, paper: str | float | None,
-          ours: str | float | None, holds: bool | None, note: str | None = None) -> dict:
-    """One ledger entry, validated: ``holds`` None means "not measured in this run"."""
+          ours: str | float | None, holds: bool | str | None, note: str | None = None,
+          kind: str | None = None) -> dict:
+    """One ledger entry, validated: ``holds`` None means "not measured in this run",
+    :data:`UNDECIDED` "measured, but inside the seed noise"."""
     entry = {"id": id, "paper_ref": paper_ref, "statement": statement, "paper": paper,
              "ours": ours, "holds": holds}
     if note is not None:
         entry["note"] = note
+    if kind is not None:
+        entry["kind"] = kind
     return validate_claim(entry)
 
 
-def verdict_text(holds: bool | None) -> str:
+VERDICTS = ("holds", "fails", UNDECIDED, "not measured")
+"""Every verdict the docs name, in the order they are counted."""
+
+
+def verdict_text(holds: bool | str | None) -> str:
     """How the docs name a verdict."""
-    return "not measured" if holds is None else ("holds" if holds else "fails")
+    if holds is None:
+        return "not measured"
+    if holds == UNDECIDED:
+        return UNDECIDED
+    return "holds" if holds else "fails"
+
+
+# ----------------------------------------------------------------------------- what a claim is
+
+
+def claim_kind(entry: Mapping[str, Any]) -> str:
+    """The entry's ``kind``; older entries without one are read from their ``paper_ref``:
+    "baseline sanity ..." is a sanity check, "issue N ..." naming none of the five papers is
+    the project's own engineering claim, anything else cites a paper."""
+    if entry.get("kind") in KINDS:
+        return entry["kind"]
+    ref = str(entry["paper_ref"]).strip().lower()
+    if ref.startswith("baseline sanity"):
+        return "sanity"
+    if ref.startswith("issue") and _named_paper(entry["paper_ref"]) is None:
+        return "engineering"
+    return "paper"
+
+
+def _named_paper(paper_ref: str) -> str | None:
+    return next((paper for tag, paper in _PAPER_TAGS if tag in paper_ref), None)
+
+
+def claim_paper(benchmark: str, entry: Mapping[str, Any]) -> str | None:
+    """The paper a claim belongs to (one of :data:`PAPERS`), None for engineering claims."""
+    if claim_kind(entry) == "engineering":
+        return None
+    return _named_paper(entry["paper_ref"]) or BENCHMARK_PAPERS.get(benchmark)
+
+
+# ----------------------------------------------------------------------------- seed noise
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error (sample std / sqrt(n)) of per-seed values; one value has no
+    measured spread (SE 0)."""
+    data = [float(v) for v in values]
+    if not data:
+        raise ValueError("mean_se needs at least one value")
+    mean = sum(data) / len(data)
+    if len(data) < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in data) / (len(data) - 1)
+    return mean, math.sqrt(var / len(data))
+
+
+def se_from_std(std: float | None, n: int) -> float:
+    """The standard error of a mean reported as (mean, sample std over ``n`` seeds)."""
+    if std is None or n < 2:
+        return 0.0
+    return float(std) / math.sqrt(n)
+
+
+def tolerance(*standard_errors: float, k: float = 2.0) -> float:
+    """``k`` standard errors of a sum or difference of independent means:
+    k * sqrt(se_1^2 + se_2^2 + ...)."""
+    return k * math.sqrt(sum(float(se) ** 2 for se in standard_errors))
+
+
+def exceeds(value: float, threshold: float, tol: float) -> bool | str:
+    """``value > threshold`` decided against a tolerance: True when value - threshold > tol,
+    False when value - threshold < -tol, :data:`UNDECIDED` inside (a tie always is)."""
+    if tol < 0 or not math.isfinite(tol):
+        raise ValueError(f"tolerance must be finite and >= 0, got {tol!r}")
+    gap = float(value) - float(threshold)
+    if gap > tol:
+        return True
+    if gap < -tol:
+        return False
+    return UNDECIDED
+
+
+def order(better: float, worse: float, tol: float, *, lower_is_better: bool = False) -> bool | str:
+    """"``better`` beats ``worse``" (higher wins, or lower with ``lower_is_better``), decided
+    only when the gap exceeds ``tol`` (see :func:`tolerance`); a tie is :data:`UNDECIDED`."""
+    if lower_is_better:
+        better, worse = -float(better), -float(worse)
+    return exceeds(better, worse, tol)
+
+
+def within(difference: float, bound: float, tol: float) -> bool | str:
+    """"|difference| <= bound": holds when it does even ``tol`` further out, fails when
+    |difference| exceeds bound by more than ``tol``, :data:`UNDECIDED` between."""
+    return exceeds(float(bound), abs(float(difference)), tol)
+
+
+def all_hold(verdicts) -> bool | str | None:
+    """Several verdicts as one: fails if any fails, else not decided if any is, else not
+    measured if any is, else holds (an empty list holds nothing: None)."""
+    verdicts = list(verdicts)
+    if not verdicts:
+        return None
+    if any(v is False for v in verdicts):
+        return False
+    if any(v == UNDECIDED for v in verdicts):
+        return UNDECIDED
+    if any(v is None for v in verdicts):
+        return None
+    return True
+
+
+def chain(means: Sequence[float], standard_errors: Sequence[float], *, k: float = 2.0,
+          lower_is_better: bool = False) -> bool | str:
+    """"means[0] beats means[1] beats ...", each neighbouring pair decided by :func:`order`
+    with :func:`tolerance` of their standard errors, combined by :func:`all_hold`."""
+    if len(means) != len(standard_errors) or len(means) < 2:
+        raise ValueError("chain needs at least two means, each with its standard error")
+    return all_hold(order(a, b, tolerance(sa, sb, k=k), lower_is_better=lower_is_better)
+                    for (a, sa), (b, sb) in zip(zip(means, standard_errors),
+                                                zip(means[1:], standard_errors[1:])))
+
+
+def _as_list(values: float | Sequence[float] | None) -> list[float] | None:
+    if values is None:
+        return None
+    if isinstance(values, numbers.Real):
+        return [float(values)]
+    return [float(v) for v in values]
+
+
+def sanity_claim(id: str, what: str, *, accuracy_start, accuracy_end, loss_start=None,
+                 loss_end=None, paper_ref: str = "baseline sanity (issue 31)",
+                 paper: str | float | None = None, k: float = 2.0,
+                 note: str | None = None) -> dict:
+    """The check every baseline row gets: ``what`` trains at all.
+
+    Holds when its training loss falls and its accuracy (%) rises off its start, each by more
+    than ``k`` standard errors of the per-seed values (scalars are one seed: no measured
+    spread, so any rise counts). Fails when either does not; a loss that was not recorded
+    leaves the verdict to the accuracy and says so. ``accuracy_start`` is the accuracy
+    before training (chance, or the initialised model), ``paper`` the paper's number for the
+    row if it has one, shown beside ours.
+    """
+    acc0, acc1 = _as_list(accuracy_start), _as_list(accuracy_end)
+    (a0, s0), (a1, s1) = mean_se(acc0), mean_se(acc1)
+    acc_tol = tolerance(s0, s1, k=k)
+    moves = exceeds(a1, a0, acc_tol) is True
+    parts = [f"accuracy {a0:.1f} -> {a1:.1f} % (needs > {acc_tol:.2f} points)"]
+    verdicts = [moves]
+    if loss_start is not None and loss_end is not None:
+        (l0, t0), (l1, t1) = mean_se(_as_list(loss_start)), mean_se(_as_list(loss_end))
+        loss_tol = tolerance(t0, t1, k=k)
+        verdicts.append(exceeds(l0, l1, loss_tol) is True)
+        parts.insert(0, f"training loss {l0:.4g} -> {l1:.4g}")
+    else:
+        note = "; ".join(t for t in ("training loss not recorded: the accuracy alone decides",
+                                     note) if t)
+    n = max(len(acc1), len(acc0))
+    parts.append(f"{n} seed{'s' if n > 1 else ''}" + ("" if n > 1 else ", no spread measured"))
+    return claim(id, paper_ref, f"{what} trains: its training loss falls and its accuracy moves "
+                 f"off its start by more than {k:g} standard errors of the seeds",
+                 paper=paper, ours="; ".join(parts), holds=all(verdicts), note=note,
+                 kind="sanity")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bpfree.bench.claims import verdict_text
+from bpfree.bench.claims import (KINDS, PAPERS, VERDICTS, claim_kind, claim_paper,
+                                 verdict_text)
 from bpfree.bench.runner import BenchmarkError, validate_result
 from bpfree.io import atomic_write_text, check_output_path
 
@@ -238,6 +239,16 @@ def _revision_text(document: Mapping[str, Any]) -> str | None:
     return f"{str(revision).removesuffix('-dirty')} (dirty tree)" if _is_dirty(document) else revision
 
 
+def _reledger_text(document: Mapping[str, Any]) -> str | None:
+    """Where the ledger was recomputed from the committed rows (``bpfree docs --reledger``)."""
+    revision = document.get("claims_revision")
+    if revision is None:
+        return None
+    dirty = " (dirty tree)" if document.get("claims_dirty") else ""
+    return (f"from this run's rows at revision {revision}{dirty} (the rows are the run's; "
+            "only the verdict rules are newer)")
+
+
 def _claim_value(value: str | float | None) -> str:
     return value if isinstance(value, str) else format_number(value)
 
@@ -252,24 +263,75 @@ def _claim_cells(entry: Mapping[str, Any]) -> list[str]:
 
 
 def _claim_counts(claims: Sequence[Mapping[str, Any]]) -> str:
-    verdicts = [entry["holds"] for entry in claims]
-    return (f"{verdicts.count(True)} hold, {verdicts.count(False)} fail, "
-            f"{verdicts.count(None)} not measured")
+    verdicts = [verdict_text(entry["holds"]) for entry in claims]
+    words = {"holds": "hold", "fails": "fail"}
+    return ", ".join(f"{verdicts.count(v)} {words.get(v, v)}" for v in VERDICTS
+                     if verdicts.count(v) or v in words)
+
+
+def headline_claims(entries: Sequence[tuple[str, Mapping[str, Any]]]
+                    ) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """One (benchmark, run, claim) per claim: the full run's verdict where a full run of
+    that benchmark carries the claim, else the quick run's (run "quick (no full run)")."""
+    in_full = {(doc["benchmark"], entry["id"]) for _, doc in entries if not doc["quick"]
+               for entry in doc.get("claims") or []}
+    out, seen = [], set()
+    for _, doc in entries:
+        for entry in doc.get("claims") or []:
+            key = (doc["benchmark"], entry["id"])
+            if key in seen or (doc["quick"] and key in in_full):
+                continue
+            seen.add(key)
+            run = "full" if not doc["quick"] else "quick (no full run)"
+            out.append((doc["benchmark"], run + (" (dirty tree)" if _is_dirty(doc) else ""),
+                        entry))
+    return out
+
+
+_KIND_LABELS = {"paper": "paper-linked", "sanity": "baseline sanity",
+                "engineering": "bpfree engineering"}
+
+
+def claim_tally(headline: Sequence[tuple[str, str, Mapping[str, Any]]]) -> dict:
+    """{(paper or None, kind): [claims]} over the headline, in PAPERS then KINDS order."""
+    groups: dict = {}
+    for benchmark, _, entry in headline:
+        groups.setdefault((claim_paper(benchmark, entry), claim_kind(entry)), []).append(entry)
+    order = {paper: i for i, paper in enumerate(PAPERS)}
+    return dict(sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)),
+                                                       KINDS.index(kv[0][1]))))
+
+
+def _tally_table(tally: Mapping[tuple, list]) -> list[str]:
+    body = []
+    for (paper, kind), claims in tally.items():
+        verdicts = [verdict_text(c["holds"]) for c in claims]
+        body.append([paper or "bpfree (no paper)", _KIND_LABELS[kind], str(len(claims)),
+                     *(str(verdicts.count(v)) for v in VERDICTS)])
+    return _markdown_table(("paper", "claims of", "claims", *VERDICTS), body)
 
 
 def render_claim_status(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
-    """The "Claim status" section: every claim of every result file, quick and full runs."""
-    body, claims = [], []
-    for _, doc in entries:
-        run = ("quick" if doc["quick"] else "full") + (" (dirty tree)" if _is_dirty(doc) else "")
-        for entry in doc.get("claims") or []:
-            body.append([doc["benchmark"], run, *_claim_cells(entry)])
-            claims.append(entry)
+    """The "Claim status" section: one verdict per claim (the full run's where there is one),
+    counted per paper and kind, then the table of every headline claim."""
+    headline = headline_claims(entries)
     lines = ["## Claim status", ""]
-    if not claims:
+    if not headline:
         return lines + ["_No result file carries claims yet._", ""]
-    lines += [f"**{_claim_counts(claims)}** (over {len(claims)} claims; quick runs use "
-              "reduced settings).", ""]
+    claims = [entry for _, _, entry in headline]
+    linked = [entry for _, _, entry in headline if claim_kind(entry) == "paper"]
+    n_quick = sum(run.startswith("quick") for _, run, _ in headline)
+    lines += [f"**{len(claims)} claims: {_claim_counts(claims)}.** Paper-linked (a paper's "
+              f"number or ordering, leaving out baseline sanity checks and bpfree's own "
+              f"engineering claims): **{len(linked)} claims: {_claim_counts(linked)}.**", "",
+              "One verdict per claim: the full run's where one exists; "
+              + (f"{n_quick} claim(s) have only a quick run (reduced settings), marked "
+                 "\"quick (no full run)\"." if n_quick else "every claim here has a full run.")
+              + " A comparison inside the seed noise (2 standard errors "
+              "of the difference unless the claim says otherwise) is \"not decided\". "
+              "Quick runs' own verdicts are in their sections below.", ""]
+    lines += _tally_table(claim_tally(headline)) + [""]
+    body = [[benchmark, run, *_claim_cells(entry)] for benchmark, run, entry in headline]
     return lines + _markdown_table(("benchmark", "run", *_CLAIM_HEADER), body) + [""]
 
 
@@ -292,6 +354,7 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
         ("Wall time", format_seconds(float(document["seconds"]))),
         ("Versions", _versions_text(document["versions"])),
         ("Git revision", _revision_text(document)),
+        ("Claims re-derived", _reledger_text(document)),
         ("Recorded", document.get("timestamp")),
         ("Source", f"`{source}`"),
     ]
