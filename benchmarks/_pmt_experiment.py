@@ -158,15 +158,45 @@ def train_and_score(make, train, val, test, *, epochs: int, lr: float,
             "last_loss": loss[-1] if loss else None}
 
 
-def sweep(make, train, val, test, *, epochs: int, rates, protocol: Protocol) -> dict:
-    """Every rate of ``rates`` (:func:`train_and_score`); the chosen one by validation accuracy
-    (ties to the smaller rate). Returns ``{"chosen": rate, "runs": [...], **chosen run}``."""
-    runs = [train_and_score(make, train, val, test, epochs=epochs, lr=r, protocol=protocol)
-            for r in rates]
+RUN_SUMMARY = ("lr", "validation_accuracy", "accuracy", "diverged", "changed_values",
+               "first_loss", "last_loss", "forwards")
+
+
+def choose(runs: list[dict]) -> dict:
+    """The run with the best validation accuracy (ties to the smaller rate), with every run's
+    summary: ``{"chosen": rate, "runs": [...], "grid_edge": bool, **chosen run}``.
+    ``grid_edge`` says the choice sits at an end of a grid of three or more rates (then the
+    grid should be widened)."""
+    runs = sorted(runs, key=lambda r: r["lr"])
     best = max(runs, key=lambda r: (r["validation_accuracy"], -r["lr"]))
-    return {**best, "chosen": best["lr"],
-            "runs": [{k: r[k] for k in ("lr", "validation_accuracy", "accuracy", "diverged",
-                                        "changed_values", "last_loss")} for r in runs]}
+    edge = len(runs) >= 3 and best["lr"] in (runs[0]["lr"], runs[-1]["lr"])
+    return {**best, "chosen": best["lr"], "grid_edge": edge,
+            "runs": [{k: r.get(k) for k in RUN_SUMMARY} for r in runs]}
+
+
+def sweep(make, train, val, test, *, epochs: int, rates, protocol: Protocol,
+          grid_index: int | None = None) -> dict:
+    """Every rate of ``rates`` (:func:`train_and_score`), or only ``rates[grid_index]`` (one
+    task per rate, so that a resumed full run loses at most one rate's run; :func:`merge`
+    joins them), and the chosen one (:func:`choose`)."""
+    if grid_index is not None:
+        rates = [rates[grid_index]]
+    return choose([train_and_score(make, train, val, test, epochs=epochs, lr=r,
+                                   protocol=protocol) for r in rates])
+
+
+def merge(parts: list[dict]) -> dict:
+    """One sweep from its per-rate tasks (each a :func:`sweep` with ``grid_index``): the chosen
+    run over all of them, and the task-level extras of the first part."""
+    runs = []
+    for part in parts:
+        chosen = {k: v for k, v in part.items() if k not in ("chosen", "runs", "grid_edge")}
+        runs.append(chosen)
+    out = choose(runs)
+    for key, value in parts[0].items():
+        out.setdefault(key, value)
+    out["task_seconds"] = sum(p.get("task_seconds") or 0.0 for p in parts)
+    return out
 
 
 def noqas_rates(qmodel: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -220,7 +250,7 @@ def task_select(qmodel, train, protocol: Protocol) -> dict:
 
 
 def task_bp(method: str, float_model, qmodel, train, test, protocol: Protocol,
-            block: list[str] | None = None) -> dict:
+            block: list[str] | None = None, grid_index: int | None = None) -> dict:
     """One BP baseline, its rate chosen on the validation part."""
     tr, va = split(train, protocol)
     extra: dict = {}
@@ -252,17 +282,19 @@ def task_bp(method: str, float_model, qmodel, train, test, protocol: Protocol,
         extra = {"block_layers": list(block)}
     else:
         raise ValueError(f"unknown BP method {method!r}; choose from {BP_METHODS}")
-    out = sweep(make, tr, va, test, epochs=protocol.bp_epochs, rates=rates, protocol=protocol)
+    out = sweep(make, tr, va, test, epochs=protocol.bp_epochs, rates=rates, protocol=protocol,
+                grid_index=grid_index)
     out.update(extra)
     return out
 
 
-def task_pmt(qmodel, train, test, protocol: Protocol, block: list[str] | None = None) -> dict:
+def task_pmt(qmodel, train, test, protocol: Protocol, block: list[str] | None = None,
+             grid_index: int | None = None) -> dict:
     """PMT on one block (sparse, Table 4 / 7) or on every layer (``block=None``, dense)."""
     tr, va = split(train, protocol)
     make = _pmt_maker(qmodel, tr[0][:2], protocol, trainable=block)
     out = sweep(make, tr, va, test, epochs=protocol.zo_epochs, rates=protocol.zo_lrs,
-                protocol=protocol)
+                protocol=protocol, grid_index=grid_index)
     out["layers"] = len(block) if block else len(
         PMTTrainer(qmodel, PMTConfig(), example=tr[0][:2]).layers)
     return out
@@ -273,8 +305,10 @@ def pmt_forwards(num_layers: int, protocol: Protocol, n_train: int) -> int:
     return protocol.zo_epochs * n_train * (1 + num_layers * protocol.queries)
 
 
-def task_mezo(qmodel, train, test, protocol: Protocol, budget_layers: int) -> dict:
-    """MeZO (model-wise WP on every layer, GNS + QAS) at PMT's forward budget (Table 5)."""
+def task_mezo(qmodel, train, test, protocol: Protocol, budget_layers: int,
+              grid_index: int | None = None) -> dict:
+    """MeZO (model-wise WP on every layer, GNS + QAS) at PMT's forward budget on a block of
+    ``budget_layers`` layers (Table 5): the same per-sample forwards, N (1 + L Q) per step."""
     tr, va = split(train, protocol)
     budget = pmt_forwards(budget_layers, protocol, tr[0].shape[0])
     epochs = max(1, round(budget / (2 * tr[0].shape[0])))
@@ -283,13 +317,18 @@ def task_mezo(qmodel, train, test, protocol: Protocol, budget_layers: int) -> di
         q = copy.deepcopy(qmodel)
         return MeZO(q, tr[0][:2], queries=1, seed=protocol.seed, gns=True, qas=True,
                     monitor=False), q
-    out = sweep(make, tr, va, test, epochs=epochs, rates=protocol.zo_lrs, protocol=protocol)
+    out = sweep(make, tr, va, test, epochs=epochs, rates=protocol.zo_lrs, protocol=protocol,
+                grid_index=grid_index)
     out.update(epochs=epochs, budget=budget)
     return out
 
 
-def task_deepzero(qmodel, train, test, protocol: Protocol, budget_layers: int) -> dict:
-    """DeepZero CGE with random sparsity on every layer: ``L * Q`` coordinates per step."""
+def task_deepzero(qmodel, train, test, protocol: Protocol, budget_layers: int,
+                  grid_index: int | None = None) -> dict:
+    """DeepZero CGE with random sparsity on every layer: ``L * Q`` coordinates per step, i.e.
+    PMT's forwards per step on a block of ``budget_layers`` layers. The paper's DeepZero row
+    ran coordinate-wise estimation at 49,457 forwards per iteration (Table 5: 2.47e9 in all,
+    100x PMT's); at PMT's budget each step estimates ``L * Q`` random coordinates instead."""
     tr, va = split(train, protocol)
     k = budget_layers * protocol.queries
 
@@ -297,7 +336,7 @@ def task_deepzero(qmodel, train, test, protocol: Protocol, budget_layers: int) -
         q = copy.deepcopy(qmodel)
         return DeepZeroCGE(q, tr[0][:2], coordinates=k, seed=protocol.seed, qas=True), q
     out = sweep(make, tr, va, test, epochs=protocol.zo_epochs, rates=protocol.zo_lrs,
-                protocol=protocol)
+                protocol=protocol, grid_index=grid_index)
     out["coordinates_per_step"] = k
     return out
 
@@ -307,7 +346,9 @@ def task_ablation(qmodel, train, test, protocol: Protocol, config: PMTConfig,
     """One Fig. 7 configuration at one rate on ``trainable`` (scored on the validation part)."""
     tr, va = split(train, protocol)
     make = _pmt_maker(qmodel, tr[0][:2], protocol, trainable=trainable, config=config)
-    return train_and_score(make, tr, va, test, epochs=epochs, lr=lr, protocol=protocol)
+    out = train_and_score(make, tr, va, test, epochs=epochs, lr=lr, protocol=protocol)
+    out["modes"] = PMTTrainer(qmodel, config, example=tr[0][:2], trainable=trainable).modes
+    return out
 
 
 def task_no_adaptation(qmodel, test) -> dict:

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bpfree.bench.claims import claim
+from bpfree.bench.claims import claim, mean_se, order, tolerance
 from bpfree.bench.parallel import default_workers, pool_device, run_keyed
+from bpfree.bench.task_cache import from_environment as task_cache
 from bpfree.plotting import pyplot, save_figure
 
 NAME = "pmt"
@@ -82,7 +83,7 @@ LABELS = {
     "int8-bp-noqas": "FullTrain BP, INT8 (STE, no QAS)",
     "int8-sparse-bp": "Sparse BP, INT8 (MCUTrain-like, selected block)",
     "mezo": "MeZO (model-wise WP, GNS+QAS)",
-    "deepzero": "DeepZero (CGE, random sparsity)",
+    "deepzero": "DeepZero (CGE, L*Q random coordinates per step)",
     "pmt-dense": "PMT dense (every layer)",
     "pmt-sparse": "PMT sparse, adaptive block (paper's BP-free)",
 }
@@ -98,15 +99,17 @@ def _settings(quick: bool):
                     protocol=Protocol(queries=10, zo_epochs=2, bp_epochs=5,
                                       zo_lrs=(0.03, 0.1), bp_lrs=(3e-3, 1e-2)),
                     ablation_epochs=1, cosine_queries=(10,), cosine_seeds=3, dense=True)
+    # The paper's budget (§4.1): Q = 100 per layer, 50 epochs of batch 100 for every method,
+    # BP-free and BP alike. Four rates per grid, the same count for every method; they are
+    # centred on the last run's choices (0.1 and 0.03 for PMT; 0.003 for FP32 BP, 0.01 for
+    # sparse BP, both at an edge of (0.003, 0.01)). Fig. 7's ablations train 10 epochs each,
+    # every estimator at the same per-layer budget.
     return dict(pretrain_images=60000, pretrain_epochs=4, test_images=10000,
-                # Q=50 per layer, the paper's on-device setting (§4.3.1), not its simulation's
-                # 100, and 6 of 50 BP-free epochs: the paper's budget does not fit 2 hours on
-                # 2 cores (the ledger marks every affected claim "below the paper's budget").
-                # The BP-free grid sits one step above Protocol's default: in the run at
-                # b3fa558, PMT's validation choice was the top of (0.01, 0.03) in every column.
-                protocol=Protocol(queries=50, zo_epochs=6, bp_epochs=50,
-                                  zo_lrs=(0.03, 0.1), bp_lrs=(3e-3, 1e-2)),
-                ablation_epochs=2, cosine_queries=(100,), cosine_seeds=3, dense=False)
+                protocol=Protocol(queries=100, zo_epochs=50, bp_epochs=50,
+                                  zo_lrs=(0.01, 0.03, 0.1, 0.3),
+                                  bp_lrs=(1e-3, 3e-3, 1e-2, 3e-2),
+                                  noqas_lsb=(0.25, 0.5, 2.0, 8.0)),
+                ablation_epochs=10, cosine_queries=(100,), cosine_seeds=3, dense=False)
 
 
 def _tensor(images, labels):
@@ -165,13 +168,19 @@ def calibrate_all(qmodel, train_images, train_labels, start_index: int,
 
 
 def _pointwise_layers(qmodel, example, count: int = 4) -> list[str]:
-    """The first ``count`` 1x1 convolutions (Fig. 7 trains four point-wise layers)."""
+    """Fig. 7's four point-wise layers: the last ``count`` 1x1 convolutions, where the adaptive
+    rule picks WP for some and NP for others (d_w < d_a or not, §3.2.2), so that the adaptive
+    estimator differs from both layer-wise WP and layer-wise NP. (The first four are all WP
+    on the MNIST MobileNet, which made adaptive the same run as layer-wise WP.)"""
     from bpfree.pmt import find_layers
 
-    names = [l.name for l in find_layers(qmodel, example)
-             if getattr(l.module, "kernel_size", None) == (1, 1)
-             and getattr(l.module, "groups", 1) == 1]
-    return names[:count]
+    layers = [l for l in find_layers(qmodel, example)
+              if getattr(l.module, "kernel_size", None) == (1, 1)
+              and getattr(l.module, "groups", 1) == 1]
+    chosen = layers[-count:]
+    if len({l.preferred_mode for l in chosen}) < 2:
+        chosen = layers[:count]
+    return [l.name for l in chosen]
 
 
 def _ablation_configs(q: int, layers: int):
@@ -188,6 +197,23 @@ def _ablation_configs(q: int, layers: int):
         "layer-wise NP": PMTConfig(queries=q, perturbation="np"),
         "layer-wise adaptive (PMT)": PMTConfig(queries=q),
     }
+
+
+def _merge_grid(results: dict) -> dict:
+    """Join the per-rate tasks ``(..., grid index)`` of each sweep into one result keyed
+    without the index (:func:`_pmt_experiment.merge`)."""
+    from _pmt_experiment import merge
+
+    sweeps: dict = {}
+    out = {}
+    for key, value in results.items():
+        if key[0] in ("bp", "pmt", "pmt-dense", "mezo", "deepzero"):
+            sweeps.setdefault(key[:-1], []).append(value)
+        else:
+            out[key] = value
+    for key, parts in sweeps.items():
+        out[key] = merge(parts)
+    return out
 
 
 def _mean(values):
@@ -263,26 +289,50 @@ def run(quick: bool):
     workers = default_workers()
     torch.set_num_threads(1)
 
-    # Phase 1: everything that does not need the block selection; the longest tasks first.
+    # Phase 1: the §3.3.1 block selection (one trial epoch per block) and no adaptation: cheap,
+    # and every later task can then be ordered by what it decides.
+    cache = task_cache(ROOT)  # $BPFREE_TASK_CACHE: resume a cut-off run (the full run is long)
+    phase1: dict = {}
+    for c in CORRUPTIONS:
+        train, test = data[c]
+        phase1[("select", c)] = ("select", dict(qmodel=qmodel, train=train, protocol=P))
+        phase1[("no-adaptation", c)] = ("no-adaptation", dict(qmodel=qmodel, test=test))
+    results = run_keyed(run_task, phase1, workers, progress="pmt selection", cache=cache)
+    chosen = {c: results[("select", c)]["chosen"] for c in CORRUPTIONS}
+    budget_layers = len(blocks[chosen["gaussian_noise"] - 1])
+
+    # Phase 2: every training run. Sweeps are split into one task per rate (grid index),
+    # joined by merge(), so that a resumed full run (BPFREE_TASK_CACHE) loses at most one
+    # training run per worker. Ordered by what they decide: Table 7 and Table 5 first (PMT on
+    # the selected blocks, the BP baselines, MeZO and DeepZero at the forward budget of PMT on
+    # the block selected for Gaussian noise), then Table 4's other blocks and Fig. 5 / 7.
+    grid = range(len(P.zo_lrs))
     tasks: dict = {}
     for c in CORRUPTIONS:
         train, test = data[c]
-        tasks[("select", c)] = ("select", dict(qmodel=qmodel, train=train, protocol=P))
-        tasks[("no-adaptation", c)] = ("no-adaptation", dict(qmodel=qmodel, test=test))
-        for m in ("fp32-bp", "int8-bp", "int8-bp-noqas"):
-            tasks[("bp", c, m)] = ("bp", dict(method=m, float_model=float_model, qmodel=qmodel,
-                                              train=train, test=test, protocol=P))
         for k, names in enumerate(blocks, start=1):
-            tasks[("pmt", c, k)] = ("pmt", dict(qmodel=qmodel, train=train, test=test,
-                                                protocol=P, block=names))
+            for i in grid:
+                tasks[("pmt", c, k, i)] = ("pmt", dict(qmodel=qmodel, train=train, test=test,
+                                                       protocol=P, block=names, grid_index=i))
+        for m in ("fp32-bp", "int8-bp", "int8-bp-noqas"):
+            for i in grid:
+                tasks[("bp", c, m, i)] = ("bp", dict(method=m, float_model=float_model,
+                                                     qmodel=qmodel, train=train, test=test,
+                                                     protocol=P, grid_index=i))
+        for i in grid:
+            tasks[("bp", c, "int8-sparse-bp", i)] = ("bp", dict(
+                method="int8-sparse-bp", float_model=float_model, qmodel=qmodel, train=train,
+                test=test, protocol=P, block=blocks[chosen[c] - 1], grid_index=i))
     g_train, g_test = data["gaussian_noise"]
-    # Table 5: PMT's budget on a block of four layers (the paper's 400 forwards per iteration).
     for kind in ("mezo", "deepzero"):
-        tasks[(kind,)] = (kind, dict(qmodel=qmodel, train=g_train, test=g_test, protocol=P,
-                                     budget_layers=4))
+        for i in grid:
+            tasks[(kind, i)] = (kind, dict(qmodel=qmodel, train=g_train, test=g_test,
+                                           protocol=P, budget_layers=budget_layers,
+                                           grid_index=i))
     if cfg["dense"]:
-        tasks[("pmt-dense",)] = ("pmt", dict(qmodel=qmodel, train=g_train, test=g_test,
-                                             protocol=P, block=None))
+        for i in grid:
+            tasks[("pmt-dense", i)] = ("pmt", dict(qmodel=qmodel, train=g_train, test=g_test,
+                                                   protocol=P, block=None, grid_index=i))
     for label, conf in _ablation_configs(P.queries, len(pointwise)).items():
         for lr in P.zo_lrs:
             tasks[("ablation", label, lr)] = ("ablation", dict(
@@ -292,17 +342,18 @@ def run(quick: bool):
     for s in range(cfg["cosine_seeds"]):
         tasks[("cosine", s)] = ("cosine", dict(qmodel=qmodel, x=xb, y=yb,
                                                queries=cfg["cosine_queries"], seed=SEED + s))
-    weight = {"pmt": 3, "deepzero": 2, "mezo": 2, "pmt-dense": 4, "select": 1}
-    order = sorted(tasks, key=lambda k: -(weight.get(k[0], 0) * (5 - k[2] if k[0] == "pmt"
-                                                                  else 1)))
-    results = run_keyed(run_task, tasks, workers, order=order, progress="pmt tasks")
 
-    # Phase 2: sparse INT8 BP (MCUTrain-like) on each corruption's selected block.
-    chosen = {c: results[("select", c)]["chosen"] for c in CORRUPTIONS}
-    sparse = {("bp", c, "int8-sparse-bp"): ("bp", dict(
-        method="int8-sparse-bp", float_model=float_model, qmodel=qmodel, train=data[c][0],
-        test=data[c][1], protocol=P, block=blocks[chosen[c] - 1])) for c in CORRUPTIONS}
-    results.update(run_keyed(run_task, sparse, workers, progress="sparse BP tasks"))
+    def priority(key) -> tuple:
+        kind = key[0]
+        if kind == "pmt":  # the selected block first (noise columns first), then the others
+            return (0 if key[2] == chosen[key[1]] else 2, key[1] not in NOISE, key[2])
+        return (1 if kind in ("bp", "mezo", "deepzero", "pmt-dense") else 3, kind != "mezo",
+                0)
+
+    order = sorted(tasks, key=priority)
+    results.update(run_keyed(run_task, tasks, workers, order=order, progress="pmt tasks",
+                             cache=cache))
+    results = _merge_grid(results)
 
     rows: list[dict] = []
 
@@ -398,13 +449,22 @@ def run(quick: bool):
             row(TABLE_COS, scheme, f"Q={q} per layer, {len(per_seed)} seeds",
                 "std over seeds", spread)
 
-    # ---- Rates and weights changed
+    # ---- Rates, grid edges, weights changed and forwards
     for m in ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "pmt-sparse"):
         for c in CORRUPTIONS:
             r = res_of[m][c]
             row(TABLE_RATES, LABELS[m], c.replace("_", " "), "chosen rate", r["chosen"])
+            row(TABLE_RATES, LABELS[m], c.replace("_", " "), "chosen rate at a grid edge",
+                float(bool(r.get("grid_edge"))))
             row(TABLE_RATES, LABELS[m], c.replace("_", " "), "values changed",
                 r["changed_values"])
+            row(TABLE_RATES, LABELS[m], c.replace("_", " "), "forwards (per sample)",
+                r["forwards"])
+    for m in ("mezo", "deepzero"):
+        r = budget_rows[m]
+        row(TABLE_RATES, LABELS[m], "gaussian noise", "chosen rate", r["chosen"])
+        row(TABLE_RATES, LABELS[m], "gaussian noise", "chosen rate at a grid edge",
+            float(bool(r.get("grid_edge"))))
 
     claims = ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick)
 
@@ -447,6 +507,8 @@ def run(quick: bool):
                         for c, r in per.items()} for m, per in res_of.items() if per},
         "cosine": cos_runs,
         "workers": workers,
+        "resumed_runs": cache.hits if cache is not None else 0,
+        "budget_layers": budget_layers,
         "device": pool_device(workers),
         "task_seconds": {"/".join(map(str, k)): v.get("task_seconds") for k, v in
                          results.items()},
@@ -465,8 +527,11 @@ def run(quick: bool):
             "PMT sparse is PMT on the block chosen by the §3.3.1 selection (one trial epoch "
             "per block, gain on the validation split); Table 4's fixed-block rows are the "
             "same runs for every block",
-            "MeZO and DeepZero get the forward budget of PMT on a four-layer block (the "
-            "paper's 400 forwards per iteration); DeepZero in the paper used 100x more",
+            f"MeZO and DeepZero get the forward budget of PMT on the block selected for "
+            f"Gaussian noise ({budget_layers} layers: N (1 + {budget_layers} Q) forwards per "
+            f"step, as that PMT run); DeepZero estimates {budget_layers} x Q random "
+            f"coordinates per step with CGE, where the paper's DeepZero ran 49,457 forwards "
+            f"per iteration (2.47e9 in all, about 100x PMT's)",
             "paper columns: PMT's CIFAR-10-C / MCUNet numbers, a different model and dataset",
         ],
     }
@@ -492,7 +557,9 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick) 
         "Calibrated corruptions put the INT8 model within ±5 points of the paper's No "
         "Adaptation accuracy on each of the nine corruptions other than speckle (test split)",
         paper="17-83 %", ours=f"largest gap {gaps[worst]:+.1f} points ({worst})",
-        holds=all(abs(gaps[c]) <= 5 for c in nine)))
+        holds=all(abs(gaps[c]) <= 5 for c in nine), kind="engineering",
+        note="holds by construction when the calibration converges: it checks the set-up, "
+             "not the paper"))
     out.append(claim(
         "pmt-regime-speckle", "Table 7 (No Adaptation, speckle)",
         "Speckle noise can be made as harmful as in the paper (within ±5 points of 27 %)",
@@ -512,14 +579,18 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick) 
              f"/{len(CORRUPTIONS)} columns >= no adaptation",
         holds=fp32_ok and noise("fp32-bp") >= 70.0, note=below.strip() or None))
     moved = sum(abs(acc["int8-bp-noqas"][c] - acc["no-adaptation"][c]) >= 1 for c in CORRUPTIONS)
+    paper_drop = pnoise("fp32-bp") - pnoise("int8-bp-noqas")
     out.append(claim(
         "int8-fulltrain-drop", "Table 7 (INT8 FullTrain), §4.3.1",
-        "INT8 FullTrain (real-quantized BP without QAS) trains, but falls well below FP32 "
-        "FullTrain (> 5 points on the noise mean)",
-        paper=f"noise mean {pnoise('int8-bp-noqas'):.1f} vs {pnoise('fp32-bp'):.1f} %",
+        f"INT8 FullTrain (real-quantized BP without QAS) trains, but falls well below FP32 "
+        f"FullTrain: on the noise mean by more than half the paper's gap "
+        f"({paper_drop / 2:.1f} points)",
+        paper=f"noise mean {pnoise('int8-bp-noqas'):.1f} vs {pnoise('fp32-bp'):.1f} % "
+              f"({paper_drop:.1f} points)",
         ours=f"noise mean {noise('int8-bp-noqas'):.1f} vs {noise('fp32-bp'):.1f} %; moved "
              f">= 1 point in {moved}/{len(CORRUPTIONS)} columns",
-        holds=moved >= 5 and noise("int8-bp-noqas") < noise("fp32-bp") - 5))
+        holds=moved >= 5 and noise("fp32-bp") - noise("int8-bp-noqas") > paper_drop / 2,
+        note="one seed: bench pmt-seeds decides the noise columns over three"))
     out.append(claim(
         "bpfree-beats-mcutrain-noise", "Table 7, §4.3.1",
         "BP-free sparse training (adaptive block) beats MCUTrain-like sparse INT8 BP on the "
@@ -556,14 +627,20 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick) 
                          f"{max(group_means[k][g] for k in fixed):.1f}" for g in GROUPS) + ")",
         holds=all(wins.values()), note=below.strip() or None))
     pm = budget_rows["pmt-sparse"]["accuracy"]
+    pf = budget_rows["pmt-sparse"]["forwards"]
     for m, pid in (("mezo", "pmt-beats-mezo"), ("deepzero", "pmt-beats-deepzero")):
+        mf = budget_rows[m]["forwards"]
+        same = abs(mf - pf) <= 0.01 * pf
+        budget = ("same forward budget" if same else
+                  f"forward budgets {pf:,.0f} (PMT) vs {mf:,.0f}")
         out.append(claim(
             pid, "Table 5",
-            f"At the same forward budget, PMT beats {'MeZO' if m == 'mezo' else 'DeepZero'} on "
-            "Gaussian noise" + (" (the paper gave DeepZero 100x more forwards)"
-                                if m == "deepzero" else ""),
+            f"At the {'same forward budget' if same else 'budgets stated'}, PMT beats "
+            f"{'MeZO' if m == 'mezo' else 'DeepZero'} on Gaussian noise"
+            + (" (the paper gave DeepZero 100x more forwards; ours estimates L*Q random "
+               "coordinates per step at PMT's budget)" if m == "deepzero" else ""),
             paper=f"{PAPER_TABLE5['pmt-sparse'][0]} vs {PAPER_TABLE5[m][0]} %",
-            ours=f"{pm:.2f} vs {budget_rows[m]['accuracy']:.2f} %",
+            ours=f"{pm:.2f} vs {budget_rows[m]['accuracy']:.2f} % ({budget})",
             holds=pm > budget_rows[m]["accuracy"], note=below.strip() or None))
     q = max(next(iter(cos_mean.values())))
     c = {s: cos_mean[s][q] for s in cos_mean}
@@ -586,6 +663,9 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick) 
         holds=c["adaptive"][0] >= max(c[s][0] for s in others)))
     fl = {k: v["last_loss"] for k, v in abl.items()}
     ok = all(fl[k] is not None for k in fl)
+    # One seed per ablation: the tolerance is the final loss's own noise, the standard error
+    # of the last six window means of its training curve (about the last tenth of the run).
+    se = {k: mean_se(v["loss"][-6:])[1] if v["loss"] else 0.0 for k, v in abl.items()}
     out.append(claim(
         "gns-qas-needed", "Fig. 7 left",
         "With GNS and QAS the final training loss is lower than without either",
@@ -594,12 +674,26 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick) 
                        for k in ABLATIONS[:3]),
         holds=ok and fl["NP, GNS + QAS"] < min(fl["NP, no GNS"], fl["NP, no QAS"])))
     est = ABLATIONS[3:]
+    adaptive = "layer-wise adaptive (PMT)"
+    modes = sorted({m for m in (abl[adaptive].get("modes") or {}).values()})
+    if ok:
+        rival = min((k for k in est if k != adaptive), key=lambda k: fl[k])
+        verdict = order(fl[adaptive], fl[rival], tolerance(se[adaptive], se[rival]),
+                        lower_is_better=True)
+    else:
+        rival, verdict = None, False
     out.append(claim(
         "adaptive-best-estimator", "Fig. 7 right",
         "Layer-wise adaptive WP/NP reaches the lowest final training loss of the estimators "
-        "(best rate each)",
+        "(best rate each), on point-wise layers where it mixes WP and NP",
         paper="lowest loss",
-        ours=", ".join(f"{k}: {fl[k]:.3f}" if fl[k] is not None else f"{k}: diverged"
-                       for k in est),
-        holds=ok and fl["layer-wise adaptive (PMT)"] <= min(fl[k] for k in est)))
+        ours=", ".join(f"{k}: {fl[k]:.3f} ± {se[k]:.3f}" if fl[k] is not None
+                       else f"{k}: diverged" for k in est)
+        + (f"; nearest rival {rival}" if rival else ""),
+        holds=verdict,
+        note="tolerance: 2 SE of each final loss, from the last six window means of its "
+             "training curve (one seed per ablation); the four layers are the last four "
+             "point-wise convolutions, where d_w < d_a for some and not others, so adaptive "
+             "is neither layer-wise WP nor layer-wise NP" + (f" (modes {modes})" if modes
+                                                              else "")))
     return out

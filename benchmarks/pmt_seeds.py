@@ -24,6 +24,7 @@ import torch
 
 from bpfree.bench.claims import claim
 from bpfree.bench.parallel import default_workers, pool_device, run_keyed
+from bpfree.bench.task_cache import from_environment as task_cache
 from bpfree.bench.runner import load_module
 
 NAME = "pmt-seeds"
@@ -39,6 +40,20 @@ def _settings(quick: bool) -> dict:
         return dict(seeds=(0, 1), corruptions=("gaussian_noise", "impulse_noise"))
     return dict(seeds=(0, 1, 2), corruptions=("gaussian_noise", "shot_noise", "impulse_noise",
                                               "speckle_noise"))
+
+
+def _merge_grid(results: dict) -> dict:
+    """Join the per-rate tasks ``(seed, corruption, method, grid index)`` of each sweep."""
+    from _pmt_experiment import merge
+
+    out, sweeps = {}, {}
+    for key, value in results.items():
+        if len(key) == 4:
+            sweeps.setdefault(key[:3], []).append(value)
+        else:
+            out[key] = value
+    out.update({key: merge(parts) for key, parts in sweeps.items()})
+    return out
 
 
 def _spread(values: list[float]) -> float:
@@ -76,7 +91,11 @@ def run(quick: bool):
     first = data[seeds[0], corruptions[0]][0][0][:2]
     blocks = blocks_of(qmodel, first, cfg["protocol"])
 
-    # Phase 1: block selection, no adaptation and the dense BP baselines.
+    # Phase 1: block selection, no adaptation and the dense BP baselines. Sweeps run one task
+    # per rate (resumable with BPFREE_TASK_CACHE); the task arguments are built exactly as
+    # bench pmt builds them, so seed 0's runs are shared with it through the cache.
+    grid = range(len(cfg["protocol"].zo_lrs))
+    cache = task_cache(pmt.ROOT)
     tasks: dict = {}
     for s in seeds:
         P = protocol[s]
@@ -85,10 +104,13 @@ def run(quick: bool):
             tasks[s, c, "select"] = ("select", dict(qmodel=qmodel, train=train, protocol=P))
             tasks[s, c, "no-adaptation"] = ("no-adaptation", dict(qmodel=qmodel, test=test))
             for m in ("fp32-bp", "int8-bp", "int8-bp-noqas"):
-                tasks[s, c, m] = ("bp", dict(method=m, float_model=float_model, qmodel=qmodel,
-                                             train=train, test=test, protocol=P))
+                for i in grid:
+                    tasks[s, c, m, i] = ("bp", dict(method=m, float_model=float_model,
+                                                    qmodel=qmodel, train=train, test=test,
+                                                    protocol=P, grid_index=i))
     order = sorted(tasks, key=lambda k: k[2] != "select")  # selections first: they are longest
-    results = run_keyed(run_task, tasks, workers, order=order, progress="pmt-seeds phase 1")
+    results = run_keyed(run_task, tasks, workers, order=order, progress="pmt-seeds phase 1",
+                        cache=cache)
 
     # Phase 2: PMT and sparse INT8 BP on each selected block.
     phase2: dict = {}
@@ -96,14 +118,17 @@ def run(quick: bool):
         for c in corruptions:
             train, test = data[s, c]
             block = blocks[results[s, c, "select"]["chosen"] - 1]
-            phase2[s, c, "pmt-sparse"] = ("pmt", dict(qmodel=qmodel, train=train, test=test,
-                                                      protocol=protocol[s], block=block))
-            phase2[s, c, "int8-sparse-bp"] = ("bp", dict(
-                method="int8-sparse-bp", float_model=float_model, qmodel=qmodel, train=train,
-                test=test, protocol=protocol[s], block=block))
+            for i in grid:
+                phase2[s, c, "pmt-sparse", i] = ("pmt", dict(
+                    qmodel=qmodel, train=train, test=test, protocol=protocol[s], block=block,
+                    grid_index=i))
+                phase2[s, c, "int8-sparse-bp", i] = ("bp", dict(
+                    method="int8-sparse-bp", float_model=float_model, qmodel=qmodel,
+                    train=train, test=test, protocol=protocol[s], block=block, grid_index=i))
     order = sorted(phase2, key=lambda k: k[2] != "pmt-sparse")
     results.update(run_keyed(run_task, phase2, workers, order=order,
-                             progress="pmt-seeds phase 2"))
+                             progress="pmt-seeds phase 2", cache=cache))
+    results = _merge_grid(results)
 
     acc = {m: {s: {c: results[s, c, m]["accuracy"] for c in corruptions} for s in seeds}
            for m in METHODS}
@@ -149,6 +174,7 @@ def run(quick: bool):
         "chosen_rates": {f"{s}/{c}/{m}": results[s, c, m].get("chosen") for s in seeds
                          for c in corruptions for m in METHODS if m != "no-adaptation"},
         "workers": workers,
+        "resumed_runs": cache.hits if cache is not None else 0,
         "device": pool_device(workers),
         "total_seconds": time.perf_counter() - t_start,
         "notes": [

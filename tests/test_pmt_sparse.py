@@ -224,3 +224,32 @@ def test_fp32_bp_loss_falls(models):
     with pytest.raises(ValueError, match="unknown task kind"):
         run_task(("adapt", {}))
     assert "pmt-sparse" in METHODS
+
+
+def test_per_rate_tasks_merge_to_the_full_sweep(monkeypatch):
+    """A sweep split into one task per rate (resumable full runs) chooses exactly what the
+    whole sweep chooses, and flags a choice at the edge of a grid of three or more rates."""
+    import _pmt_experiment as ex
+
+    scores = {0.1: 40.0, 0.2: 60.0, 0.4: 55.0}
+    calls = []
+
+    def fake_train(make, train, val, test, *, epochs, lr, protocol):
+        calls.append(lr)
+        return {"lr": lr, "validation_accuracy": scores[lr], "accuracy": 100 - scores[lr],
+                "diverged": False, "changed_values": 1, "first_loss": 2.0, "last_loss": 1.0,
+                "forwards": 7, "loss": [], "curve_forwards": []}
+
+    monkeypatch.setattr(ex, "train_and_score", fake_train)
+    P = Protocol(zo_lrs=(1,), bp_lrs=(1,), noqas_lsb=(1,))
+    rates = (0.1, 0.2, 0.4)
+    whole = ex.sweep(None, None, None, None, epochs=1, rates=rates, protocol=P)
+    parts = [ex.sweep(None, None, None, None, epochs=1, rates=rates, protocol=P, grid_index=i)
+             for i in (2, 0, 1)]
+    assert calls == [0.1, 0.2, 0.4, 0.4, 0.1, 0.2]  # each part trains its one rate only
+    merged = ex.merge(parts)
+    assert merged["chosen"] == whole["chosen"] == 0.2 and merged["accuracy"] == 40.0
+    assert merged["runs"] == whole["runs"] and not merged["grid_edge"]
+    scores[0.4] = 90.0
+    assert ex.merge([ex.sweep(None, None, None, None, epochs=1, rates=rates, protocol=P,
+                              grid_index=i) for i in range(3)])["grid_edge"] is True
