@@ -126,6 +126,7 @@ def _cmd_docs(args: argparse.Namespace) -> int:
     from bpfree.bench import docs
 
     if args.reledger:
+        # lazy: as above, the re-ledger loads benchmark modules only when asked for
         from bpfree.bench.reledger import reledger_results
 
         redone = reledger_results(args.results, allow_dirty=args.allow_dirty)

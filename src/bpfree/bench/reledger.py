@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,6 @@ def compare_ledgers(source: str, benchmark: str, before: list[dict],
 
 def _hooks(directory: str | os.PathLike | None) -> dict[str, Any]:
     """benchmark name -> its ``ledger_from_result`` (only modules that define one)."""
-    import sys
-
     hooks = {}
     for info in discover(directory):
         if info.error is not None:
