@@ -420,7 +420,9 @@ def test_pmt_step_overhead_is_the_rules_gradient_buffer():
                           nn.ReLU(), nn.Linear(256, 10))
     x, y = torch.rand(2, 256), torch.tensor([3, 7])
     q = quantize_model(model, torch.rand(64, 256), input_range=(0.0, 1.0))
-    trainer = PMTTrainer(q, PMTConfig(queries=2), example=x)
+    # The reference layers: the fast engine (bpfree.quant.engine) also keeps a packed int16
+    # copy of each layer's weights, a cache of the simulator and not a buffer of PMT's.
+    trainer = PMTTrainer(q, PMTConfig(queries=2), example=x, engine="reference")
     assert set(trainer.modes.values()) == {"np"}
     xq = trainer.staged.quantize(x)
     trainer.step(xq, y, lr=0.0)  # lr 0: the weights stay, the buffers are all made
