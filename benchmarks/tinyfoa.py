@@ -556,16 +556,19 @@ def run(quick: bool):
     workers = default_workers()
     # Stage 1: every method's learning rate from the same grid (lr_grid × its centre) on the
     # validation split, seed 0; the test split is not read.
-    sweep = []
-    for arch, ds, name in table_keys:
+    def sweep_jobs(arch, ds, name, centre):
+        """The validation sweep's jobs of one run: ``centre`` × lr_grid, seed 0."""
         budget = data(ds)
         if ds != MITBIH:
             budget.update(train=cfg["sweep_train"] or cfg["train"],
                           epochs=cfg["sweep_epochs"] or cfg["epochs"])
-        for mult in cfg["lr_grid"]:
-            lr = default_lr(name, ds) * mult
-            sweep.append(dict(common, **budget, dataset=ds, method=name, arch=arch, m=2,
-                              seed=0, exchanges=None, lr=lr, eval_on="val", group="sweep"))
+        return [dict(common, **budget, dataset=ds, method=name, arch=arch, m=2, seed=0,
+                     exchanges=None, lr=centre * mult, eval_on="val", group="sweep")
+                for mult in cfg["lr_grid"]]
+
+    sweep = []
+    for arch, ds, name in table_keys:
+        sweep += sweep_jobs(arch, ds, name, default_lr(name, ds))
     reg = cfg["regime"]
 
     def regime_job(label, lr, seed, eval_on):
@@ -583,15 +586,8 @@ def run(quick: bool):
         sweep += [regime_job(label, centre * mult, 0, "val") for mult in cfg["lr_grid"]]
     authors = _recipe_keys(table_keys, cfg)
     for arch, ds, name in authors:
-        budget = data(ds)
-        if ds != MITBIH:
-            budget.update(train=cfg["sweep_train"] or cfg["train"],
-                          epochs=cfg["sweep_epochs"] or cfg["epochs"])
-        for mult in cfg["lr_grid"]:
-            base = dict(common, **budget, dataset=ds, method=name, arch=arch, m=2, seed=0,
-                        exchanges=None, lr=RECIPES[AUTHORS][1] * mult, eval_on="val",
-                        group="sweep")
-            sweep.append(recipe_job(base, AUTHORS))
+        sweep += [recipe_job(job, AUTHORS)
+                  for job in sweep_jobs(arch, ds, name, RECIPES[AUTHORS][1])]
     val_scores: dict = {}
     diverged: list[dict] = []
     with spawn_pool(workers) as pool:
