@@ -2,7 +2,7 @@
 
 Every (network, method) task of tt_zo's full configuration (the paper's §5.1 settings: all of
 MNIST's training split less 5,000 validation images, batch 64, N = 10, full CGE, for
-``tt_zo.FULL_EPOCHS`` of the paper's 100 epochs) is built exactly as `bench tt-zo` builds it
+``tt_zo.FULL_EPOCHS``, the paper's 100 epochs) is built exactly as `bench tt-zo` builds it
 (same models, same trainers from ``bpfree.ttzo.make_method``), and its optimizer step is timed
 on one thread as CPU seconds (``time.process_time``: robust to other jobs sharing the machine),
 median over repeats after one warm-up step. The hybrid's two phases are timed apart. Projected
@@ -12,14 +12,23 @@ are not included.
 The hybrid switches to CGE when its training loss stalls, which only the run decides; the
 projection is given for the earliest switch its stall test allows (patience 3: CGE from the
 fifth epoch), the slowest case, and for no switch within the run (signRGE throughout), the
-fastest. The same measured steps also give the conservative projection at the paper's 100
-epochs and the largest epoch count whose conservative projection fits the issue's
-TARGET_WALL_HOURS, the count ``FULL_EPOCHS`` is chosen by.
+fastest. The full mode's FO-AD rate search (tt_zo.FULL_FO_FACTORS, run before the seeds) is projected
+from the same FO step times, and so is the longest single run: the work a resumption of the
+run under ``BPFREE_TASK_CACHE`` can lose.
+
+The CGE step is also timed on the reference path of :func:`bpfree.ttzo.layerwise_losses`
+(``reference=True``, the chunked evaluation before issue 32) beside the batched path the runs
+use, alternating the two in this one process, each the median of its timed steps (the table
+"CGE step: reference vs batched"). The reference step uses today's
+:class:`~bpfree.estimators.CoordinateWise` bookkeeping, which issue 32 also made faster, so
+the ratio understates the gain over the code before it.
+
 ``--quick`` times the same tasks with fewer repeats (a smoke run of the script).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -33,10 +42,9 @@ DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
 SEED = 0
 
 TABLE = "per-step CPU time of the full tt-zo tasks (1 thread)"
+TCGE = "CGE step: reference (chunked, before issue 32) vs batched layerwise path (1 thread)"
 PROJ = "projected CPU hours of the full tt-zo run"
 WORKERS = 2
-#: Issue 16: each full run must finish in about 2.5 hours on 2 cores.
-TARGET_WALL_HOURS = 2.5
 
 
 def earliest_switch(patience: int) -> int:
@@ -48,12 +56,6 @@ def earliest_switch(patience: int) -> int:
     while not detector.end_epoch(1.0):
         pass
     return detector.stalled_at + 1
-
-
-def _with_epochs(cfg: dict, epochs: int) -> dict:
-    """``cfg`` with every run's epoch count set to ``epochs`` (the CGE-from-scratch run keeps
-    its own)."""
-    return dict(cfg, chunks=epochs, mlp_zo_chunks=epochs, fa_chunks=epochs)
 
 
 def _steps_of(cfg: dict, per_epoch: int) -> dict:
@@ -86,31 +88,67 @@ def wall_hours(hours: dict, seeds: int) -> float:
     return max(seeds * sum(hours.values()) / WORKERS, max(hours.values()))
 
 
-def largest_fitting(wall_at, limit: float, most: int) -> int:
-    """The largest epoch count in [0, ``most``] whose ``wall_at(epochs)`` is within ``limit``
-    (``wall_at`` grows with the epochs)."""
-    epochs = 0
-    while epochs < most and wall_at(epochs + 1) <= limit:
-        epochs += 1
-    return epochs
-
-
 def _phases(task: dict) -> list[str]:
     if task["method"] == "hybrid":
         return ["sign_rge", "cge"]
     return [task["method"]]
 
 
-def _time_steps(method, x, y, steps: int, gen) -> float:
-    """Median CPU seconds of one ``method.step`` over ``steps`` batches after a warm-up."""
-    times = []
+def _time_steps(method, x, y, steps: int, gen, variants: dict | None = None) -> dict:
+    """Variant name -> median CPU seconds of one ``method.step`` over ``steps`` batches after
+    one warm-up step each. ``variants`` maps names to callables that switch ``method`` to that
+    variant; the variants alternate step by step (so a change of the machine's load hits
+    them alike). Default: the method as it is, named ``"step"``."""
+    variants = variants or {"step": lambda: None}
+    times: dict = {name: [] for name in variants}
     for k in range(steps + 1):
-        idx = torch.randint(0, x.shape[0], (64,), generator=gen)
-        c0 = time.process_time()
-        method.step(x[idx], y[idx], 1e-3)
-        if k:
-            times.append(time.process_time() - c0)
-    return statistics.median(times)
+        for name, switch in variants.items():
+            switch()
+            idx = torch.randint(0, x.shape[0], (64,), generator=gen)
+            c0 = time.process_time()
+            method.step(x[idx], y[idx], 1e-3)
+            if k:
+                times[name].append(time.process_time() - c0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def cge_variants(method) -> dict | None:
+    """``{"reference": ..., "batched": ...}`` switches of ``method``'s CGE estimator between
+    the chunked reference path and the batched path of :func:`bpfree.ttzo.layerwise_losses`
+    (the batched one last, so the method is left as it runs), or None when its CGE does not
+    run layerwise (lean mode)."""
+    from bpfree.ttzo import LayerwiseCGE
+
+    trainer = getattr(method, "fine", method)
+    est = trainer.estimator
+    if not isinstance(est, LayerwiseCGE) or trainer.optimizer.mode != "batched":
+        return None
+
+    def use(reference: bool):
+        def switch():
+            chosen = dataclasses.replace(est, reference=reference)
+            trainer.estimator = trainer.optimizer.estimator = chosen
+        return switch
+
+    return {"reference": use(True), "batched": use(False)}
+
+
+def search_hours(per_step: dict, cfg: dict, per_epoch: int) -> list[float]:
+    """CPU hours of each lr-search candidate of ``cfg`` (tt_zo._search_tasks), from the step
+    times of its run (a hybrid's slower phase throughout); [] when ``cfg`` searches nothing."""
+    import tt_zo
+
+    if not cfg["search"]:
+        return []
+    tasks = tt_zo._search_tasks(tt_zo._tasks(cfg, "cpu", SEED), cfg["search_fraction"],
+                                cfg.get("search_factors", tt_zo.LR_FACTORS),
+                                cfg.get("search_methods"))
+    def seconds(name):
+        return max(v for (n, _), v in per_step.items() if n == name)
+
+    return [seconds("/".join(key[:2])) * t["epochs"]
+            * min(per_epoch, t.get("max_steps_per_epoch") or per_epoch) / 3600
+            for key, t in tasks.items()]
 
 
 def run(quick: bool) -> tuple[list[dict], dict]:
@@ -123,7 +161,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     x, y, *_ = load_data(cfg["n_train"], cfg["n_val"])
     per_epoch = math.ceil(x.shape[0] / 64)
     gen = torch.Generator().manual_seed(SEED)
-    rows, per_step = [], {}
+    rows, per_step, cge_speedup = [], {}, {}
 
     def row(table, method, setting, metric, value):
         rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
@@ -144,20 +182,36 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             if phase == "cge" and task["method"] == "hybrid":
                 method.phase = "cge"
             heavy = phase == "cge"
-            repeats = (1 if heavy else 3) if quick else (3 if heavy else 15)
-            seconds = _time_steps(method, x, y, repeats, gen)
-            per_step[(name, phase)] = seconds
+            repeats = (1 if heavy else 3) if quick else (5 if heavy else 15)
+            variants = cge_variants(method) if heavy else None
+            seconds = _time_steps(method, x, y, repeats, gen, variants)
+            per_step[(name, phase)] = seconds["batched" if variants else "step"]
             row(TABLE, name, f"phase {phase}; {repeats} timed steps (median)",
-                "CPU ms per step", 1e3 * seconds)
+                "CPU ms per step", 1e3 * per_step[(name, phase)])
+            if variants:
+                setting = f"{repeats} timed steps each, alternating (median)"
+                for label, value in (("reference path", seconds["reference"]),
+                                     ("batched path", seconds["batched"])):
+                    row(TCGE, name, setting, f"CPU ms per CGE step, {label}", 1e3 * value)
+                row(TCGE, name, setting, "speed-up (reference / batched)",
+                    seconds["reference"] / seconds["batched"])
+                cge_speedup[name] = seconds["reference"] / seconds["batched"]
 
     steps_of = _steps_of(cfg, per_epoch)
     seeds = len(cfg["seeds"])
     full_epochs = int(cfg["chunks"])
     earliest = earliest_switch(int(cfg["hybrid"]["patience"]))
+    search = search_hours(per_step, cfg, per_epoch)
+    search_wall = max(sum(search) / WORKERS, max(search)) if search else 0.0
     extra = {"per_epoch_steps": per_epoch, "workers": WORKERS, "seeds": seeds,
              "full_epochs": full_epochs, "paper_epochs": tt_zo.PAPER_EPOCHS,
-             "earliest_switch_epoch": earliest, "target_wall_hours": TARGET_WALL_HOURS,
-             "projection": {}}
+             "earliest_switch_epoch": earliest, "projection": {},
+             "search_cpu_hours": sum(search), "search_wall_hours": search_wall,
+             "cge_speedup": cge_speedup}
+    if search:
+        row(PROJ, f"FO-AD lr search ({len(search)} candidates, seed 0)",
+            f"{cfg.get('search_methods') or 'every method'}; before the seeds",
+            f"wall hours on {WORKERS} workers (perfect packing)", search_wall)
     hybrids = {n for (n, phase) in per_step if phase == "cge" and (n, "sign_rge") in per_step}
     cases = ((f"earliest switch (CGE after {earliest} signRGE epochs)", earliest,
               "earliest_switch"), ("no switch (signRGE throughout)", None, "no_switch"))
@@ -169,27 +223,18 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             epochs, spe = steps_of[name]
             row(PROJ, name, f"{epochs} epochs x {spe} steps; hybrid {label}",
                 "CPU hours per seed", h)
-        wall = wall_hours(hours, seeds)
+        wall = search_wall + wall_hours(hours, seeds)
         setting = f"{full_epochs} epochs; hybrid {label}"
         row(PROJ, "all tasks, one seed", setting, "CPU hours on 1 core", sum(hours.values()))
-        row(PROJ, f"all tasks, {seeds} seeds", setting,
+        row(PROJ, f"all tasks, {seeds} seeds", setting + (", FO lr search included"
+                                                          if search else ""),
             f"wall hours on {WORKERS} workers (perfect packing)", wall)
+        longest = max(hours, key=hours.get)
+        row(PROJ, f"longest single run ({longest})", setting,
+            "CPU hours (what an interrupted resumption can lose)", hours[longest])
         extra["projection"][tag] = {"switch_epoch": switch, "hours_per_seed": sum(hours.values()),
-                                    "wall_hours": wall, "fits": wall <= TARGET_WALL_HOURS}
-
-    def conservative(epochs):
-        hours = project(per_step, _steps_of(_with_epochs(cfg, epochs), per_epoch), earliest)
-        return wall_hours(hours, seeds)
-
-    paper_wall = conservative(tt_zo.PAPER_EPOCHS)
-    row(PROJ, f"all tasks, {seeds} seeds", f"the paper's {tt_zo.PAPER_EPOCHS} epochs; hybrid "
-        f"{cases[0][0]}",
-        f"wall hours on {WORKERS} workers (perfect packing)", paper_wall)
-    fitting = largest_fitting(conservative, TARGET_WALL_HOURS, tt_zo.PAPER_EPOCHS)
-    extra["paper_budget_wall_hours"] = paper_wall
-    extra["largest_fitting_epochs"] = fitting
-    extra["wall_hours_at"] = {str(e): conservative(e) for e in sorted({fitting, fitting + 1})
-                              if e >= 1}
+                                    "wall_hours": wall, "longest_run": longest,
+                                    "longest_run_hours": hours[longest]}
     extra["notes"] = [
         "CPU seconds per optimizer step (time.process_time, 1 thread), median of the timed "
         "steps after one warm-up; the steps of a run are epochs x min(steps per epoch, the "
@@ -198,9 +243,14 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         "The hybrid's switch epoch is decided by its stall test during the run; the "
         f"projection gives the earliest switch its patience allows (CGE after {earliest} "
         "signRGE epochs, the slowest case) and no switch at all (the fastest).",
-        f"The full run trains {full_epochs} of the paper's {tt_zo.PAPER_EPOCHS} epochs "
-        f"(tt_zo.FULL_EPOCHS). largest_fitting_epochs: the most epochs whose slowest-case "
-        f"wall time fits {TARGET_WALL_HOURS:g} h on {WORKERS} workers; wall_hours_at: that "
-        "count's and the next one's.",
+        f"The full run trains the paper's {full_epochs} epochs; the wall time on {WORKERS} "
+        "workers adds the FO-AD lr search (run first) to the seeds' runs, each packed "
+        "perfectly and never shorter than its longest task. With BPFREE_TASK_CACHE the run "
+        "resumes at the last finished task: an interruption loses at most the longest "
+        "single run per worker.",
+        "CGE step, reference vs batched: the same trainer's step with LayerwiseCGE("
+        "reference=True) and with the batched path, alternating, median of each; the "
+        "reference step already uses CoordinateWise's vectorised bookkeeping (issue 32), so "
+        "the ratio understates the gain over the code before issue 32.",
     ]
     return rows, extra

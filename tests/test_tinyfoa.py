@@ -558,3 +558,39 @@ def test_run_job_scores_a_diverging_rate_as_failed():
     assert err == 100.0 and "non-finite" in out["diverged"]
     out, err = run_job(dict(job, lr=0.01))
     assert "diverged" not in out and err < 100.0
+
+
+def test_both_recipes_full_mode_only_and_the_authors_recipe_builds_its_jobs():
+    """Issue 32: full mode trains Tables 1-2's FC TinyFoA rows under the paper text's recipe
+    and the authors' code recipe (Adam, greedy layer-wise with each layer for the run's
+    epochs, the diagonal block frozen and changed once an epoch; no block to freeze without
+    vertical slices), and TinyFoA at width 2048 on MNIST; quick mode neither."""
+    from bpfree.tinyfoa import TABLE1, TABLE2
+
+    mod = _bench_module()
+    quick, full = mod._settings(True), mod._settings(False)
+    assert quick["recipes"] == ("paper text",) and quick["wide"] is None
+    assert full["recipes"] == tuple(mod.RECIPES) and full["wide"]["width"] == 2048
+    keys = [("fc", ds, n) for ds in full["datasets"] for n in (*TABLE1, *TABLE2)] \
+        + [("lc", "mnist", "TinyFoA")]
+    chosen = mod._recipe_keys(keys, full)
+    assert chosen and all(a == "fc" and n.startswith("TinyFoA") for a, _, n in chosen)
+    assert ("fc", "mnist", "TinyFoA") in chosen and not mod._recipe_keys(keys, quick)
+    job = dict(method="TinyFoA", epochs=8, exchanges=None, lr=1e-3)
+    authors = mod.recipe_job(job, mod.AUTHORS)
+    assert authors["optimizer"] == "adam" and authors["layerwise"] is True
+    assert authors["schedule"] == "diagonal-freeze" and authors["epochs"] == 32
+    assert authors["exchanges"] == 32 and job["epochs"] == 8          # the input is not changed
+    flat = mod.recipe_job(dict(job, method="TinyFoA-V"), mod.AUTHORS)
+    assert "schedule" not in flat and flat["exchanges"] is None
+    assert mod.recipe_job(job, "paper text") == dict(job, recipe="paper text")
+
+
+def test_every_claim_note_names_the_recipe_it_judges():
+    mod = _bench_module()
+    full, quick = mod._settings(False), mod._settings(True)
+    note = mod.budget_note(full)
+    assert "Recipe judged: the paper text's" in note and "authors' code recipe" in note
+    assert "authors' code" not in mod.budget_note(quick)
+    assert "Recipe judged: the paper text's" in mod.budget_note(quick)
+    assert "Recipe judged: the authors' code's" in mod.budget_note(full, mod.AUTHORS)

@@ -164,20 +164,54 @@ def test_cost_projection_counts_each_phase_and_the_earliest_switch():
     assert cost.wall_hours({"a": 5.0, "b": 0.1}, 1) == 5.0          # the longest task
 
 
-def test_cost_projection_uses_the_full_modes_epochs():
+def test_cost_projection_uses_the_full_modes_epochs_and_search():
     tt_zo, cost = load_module("tt_zo"), load_module("tt_zo_cost")
     cfg = tt_zo._settings(False)
     steps = cost._steps_of(cfg, 860)
     assert steps.pop("tt6/cge") == (tt_zo.FULL_CGE_EPOCHS, 860)
-    # the FO references of the near-FO claims run the paper's epochs, on every TT rank
-    refs = {k: steps.pop(k) for k in list(steps) if k.endswith("/" + tt_zo.FO_REFERENCE)}
-    assert refs == {f"tt{r}/{tt_zo.FO_REFERENCE}": (tt_zo.PAPER_EPOCHS, 860) for r in cfg["ranks"]}
-    assert set(steps.values()) == {(tt_zo.FULL_EPOCHS, 860)}
-    paper = cost._steps_of(cost._with_epochs(cfg, tt_zo.PAPER_EPOCHS), 860)
-    assert paper["tt10/hybrid"] == paper["mlp/sign_rge"] == (100, 860)
-    assert cost.largest_fitting(lambda e: 0.3 * e, 2.5, 100) == 8      # 2.4 <= 2.5 < 2.7
-    assert cost.largest_fitting(lambda e: 0.01 * e, 2.5, 100) == 100
-    assert cost.largest_fitting(lambda e: 3.0, 2.5, 100) == 0
+    # issue 32: every run at the paper's epochs, so no separate FO reference
+    assert set(steps.values()) == {(tt_zo.PAPER_EPOCHS, 860)} == {(tt_zo.FULL_EPOCHS, 860)}
+    assert not any(k.endswith("/" + tt_zo.FO_REFERENCE) for k in steps)
+    # the FO search: 6 networks x 6 candidates, FULL_SEARCH_EPOCHS epochs each, FO steps only
+    per_step = {(k, t): 1e-3 for k in cost._steps_of(cfg, 860)
+                for t in ("fo", "sign_rge", "cge", "rge", "fg-w", "fg-a", "fa", "dfa")}
+    hours = cost.search_hours(per_step, cfg, 860)
+    assert len(hours) == 6 * len(tt_zo.FULL_FO_FACTORS)
+    assert hours == [pytest.approx(1e-3 * tt_zo.FULL_SEARCH_EPOCHS * 860 / 3600)] * len(hours)
+    assert cost.search_hours(per_step, tt_zo._settings(True), 860)   # quick searches all
+
+
+def test_cge_variants_switch_between_the_reference_and_the_batched_path():
+    cost = load_module("tt_zo_cost")
+    method = make_method("hybrid", make_model("tt", rank=2))
+    variants = cost.cge_variants(method)
+    assert list(variants) == ["reference", "batched"]
+    variants["reference"]()
+    assert method.fine.estimator.reference and method.fine.optimizer.estimator.reference
+    variants["batched"]()
+    assert not method.fine.optimizer.estimator.reference
+    assert cost.cge_variants(make_method("hybrid", make_model("tt", rank=2),
+                                         cge_mode="lean")) is None
+    x, y = torch.rand(64, 784), torch.randint(0, 10, (64,))
+    method.phase = "cge"
+    times = cost._time_steps(method, x, y, 1, torch.Generator().manual_seed(0), variants)
+    assert set(times) == {"reference", "batched"} and all(t > 0 for t in times.values())
+
+
+def test_full_mode_searches_only_fo_over_a_grid_around_the_paper_rate():
+    tt_zo = load_module("tt_zo")
+    cfg = tt_zo._settings(False)
+    search = tt_zo._search_tasks(tt_zo._tasks(cfg, "cpu"), cfg["search_fraction"],
+                                 cfg["search_factors"], cfg["search_methods"])
+    assert {t["method"] for t in search.values()} == {"fo"}
+    assert {k[0] for k in search} == {"tt10", "tt6", "tt4", "mlp", "small-mlp", "sp"}
+    assert {t["epochs"] for t in search.values()} == {tt_zo.FULL_SEARCH_EPOCHS}
+    lrs = sorted({t["lr"] for t in search.values()})
+    assert lrs == pytest.approx([1e-3 * f for f in tt_zo.FULL_FO_FACTORS])
+    # Fig. 1 at the paper's evaluation budget: signRGE and CGE runs reach 340K / 11M
+    budgets = tt_zo.fig1_budgets(cfg)
+    assert all(budgets[m] >= tt_zo.PAPER_QUERIES[m] for m in ("sign_rge", "cge"))
+    assert tt_zo.below_budget(cfg) == ""
 
 
 @pytest.mark.slow

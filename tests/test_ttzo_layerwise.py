@@ -147,3 +147,87 @@ def test_first_layer_shortcut_runs_no_later_layer_and_equals_the_full_rest(build
     assert len(calls) > 1 and base == base2
     torch.testing.assert_close(torch.tensor(fast), torch.tensor(full), rtol=0, atol=1e-12)
     assert max(abs(v - base) for v in fast) > 1e-4
+
+
+# --- issue 32: the per-core batched path against the reference path --------------------------
+
+def _all_points(params, delta):
+    return [(i, j, delta) for i, p in enumerate(params) for j in range(p.numel())]
+
+
+def _both(model, x, y, points, params=None):
+    params = list(model.parameters()) if params is None else params
+    objective = Objective(model, x, y)
+    fast = layerwise_losses(objective, params, points)
+    reference = layerwise_losses(objective, params, points, reference=True)
+    return fast, reference
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "gelu"])
+@pytest.mark.parametrize("delta", [1e-2, 0.5])
+def test_fast_path_equals_the_reference_float64(activation, delta):
+    """Every coordinate of a 3-layer TT-MLP (middle and last layers' cores, biases), at the
+    paper's CGE radius and at a radius large enough that many ReLU outputs cross the kink
+    (the exact correction of the piecewise path): equal to rounding in float64."""
+    torch.manual_seed(7)
+    model = tt_mlp([(1, 2, 3, 1), (1, 3, 2, 1), (1, 2, 2, 1)],
+                   factors=((2, 3, 4), (3, 2, 2), (2, 2, 2), (1, 3, 2)),
+                   activation=activation).double()
+    x, y = _batch()
+    points = _all_points(list(model.parameters()), delta)
+    (b0, fast), (b1, ref) = _both(model, x, y, points)
+    assert b0 == b1
+    fast, ref = torch.tensor(fast), torch.tensor(ref)
+    assert (fast - b0).abs().max() > 1e-3
+    torch.testing.assert_close(fast, ref, rtol=1e-13, atol=0)
+
+
+def test_fast_path_handles_subsets_repeats_and_mixed_signs_float64():
+    """A random subset in shuffled order, each coordinate at +δ and −δ (central CGE's
+    points), and a coordinate asked twice at the same δ."""
+    model = _small_tt()
+    x, y = _batch()
+    params = list(model.parameters())
+    g = torch.Generator().manual_seed(4)
+    points = []
+    for i, p in enumerate(params):
+        for j in torch.randperm(p.numel(), generator=g)[: max(1, p.numel() // 3)].tolist():
+            points += [(i, j, 0.05), (i, j, -0.05)]
+    points.append(points[0])
+    order = torch.randperm(len(points), generator=g).tolist()
+    points = [points[n] for n in order]
+    (_, fast), (_, ref) = _both(model, x, y, points)
+    assert not any(v != v for v in fast)
+    torch.testing.assert_close(torch.tensor(fast), torch.tensor(ref), rtol=1e-13, atol=0)
+
+
+def test_fast_path_on_the_paper_tt_mlp_float32_within_loss_rounding():
+    """The §5.1 TT-MLP at r = 10, every coordinate, float32. Both paths sum the same terms in
+    a different order (and the fast one skips the cancellation of σ(z + δJ) − σ(z)), so each
+    loss (a mean of 64 cross-entropies near 2.3, each rounded at ~1 ulp) may differ by a few
+    ulps of the loss, not more: 8 ulps = 8·2^-23·|L|."""
+    torch.manual_seed(0)
+    model = tt_mlp(10)
+    x, y = _batch(n=64, features=784, classes=10, dtype=torch.float32)
+    points = _all_points(list(model.parameters()), 1e-2)
+    (b0, fast), (b1, ref) = _both(model, x, y, points)
+    fast, ref = torch.tensor(fast, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64)
+    bound = 8 * 2.0 ** -23 * ref.abs()
+    assert bool(((fast - ref).abs() <= bound).all()), float(((fast - ref).abs() / bound).max())
+    # the losses differ from the base by far more than the tolerance: the test can fail
+    assert float((ref - b1).abs().median()) > 10 * float(bound.max())
+
+
+def test_fast_path_takes_the_batched_products_for_every_core(monkeypatch):
+    """The TT-MLP's cores and its first bias never reach the chunked reference path."""
+    from bpfree.ttzo import layerwise
+
+    model = _small_tt()
+    x, y = _batch()
+    params = list(model.parameters())
+    seen = []
+    original = layerwise._chunked_losses
+    monkeypatch.setattr(layerwise, "_chunked_losses",
+                        lambda *a: (seen.append(a[2]), original(*a))[1])
+    layerwise_losses(Objective(model, x, y), params, _all_points(params, 0.01))
+    assert seen == [(2, "bias", None)]

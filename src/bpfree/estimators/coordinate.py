@@ -42,31 +42,28 @@ class CoordinateWise:
         offsets = [0]
         for s in sizes:
             offsets.append(offsets[-1] + s)
-        coords = self._coordinates(ctx, offsets[-1]).tolist()
+        coords = self._coordinates(ctx, offsets[-1])
         # (tensor index, flat offset, signed step) for each evaluation point.
         signs = (1.0, -1.0) if self.central else (1.0,)
-        points = []
-        for c in coords:
-            i = next(k for k in range(len(sizes)) if offsets[k] <= c < offsets[k + 1])
-            for s in signs:
-                points.append((i, c - offsets[i], s * self.mu))
+        tensor = torch.searchsorted(torch.tensor(offsets[1:]), coords, right=True)
+        offset = coords - torch.tensor(offsets[:-1])[tensor]
+        points = [(i, j, s * self.mu) for i, j in zip(tensor.tolist(), offset.tolist())
+                  for s in signs]
 
         base, losses = self.evaluate(ctx, points)
 
+        # The same float64 arithmetic as (L_k − L_0) / μ per coordinate, one vector at a time.
+        values = torch.tensor(losses, dtype=torch.float64)
+        if self.central:
+            vals = (values[0::2] - values[1::2]) / (2 * self.mu)
+        else:
+            vals = (values - base) / self.mu
+        finite = torch.isfinite(vals)
+        dropped = int((~finite).sum())
         grads = [torch.zeros_like(p) for p in ctx.params]
-        dropped = 0
-        step = 2 if self.central else 1
-        for k in range(0, len(points), step):
-            i, j, _ = points[k]
-            if self.central:
-                lp, lm = losses[k], losses[k + 1]
-                val = (lp - lm) / (2 * self.mu)
-            else:
-                val = (losses[k] - base) / self.mu
-            if math.isfinite(val):
-                grads[i].view(-1)[j] = val
-            else:
-                dropped += 1
+        for i, g in enumerate(grads):
+            keep = finite & (tensor == i)
+            g.view(-1)[offset[keep].to(g.device)] = vals[keep].to(g.dtype).to(g.device)
         loss = base if not self.central else float("nan")
         n = len(coords)
         return Estimate(loss=loss, forward_passes=len(points) + int(not self.central), queries=n,

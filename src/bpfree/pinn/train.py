@@ -56,8 +56,10 @@ def _setup(model, problem, backend, steps, batch_size, lr):
     return get_backend(backend) if isinstance(backend, str) else backend
 
 
-def _sample(problem, batch_size, n_initial, n_boundary, gen):
-    return problem.sample(batch_size, n_initial, n_boundary, generator=gen)
+def _sample(problem, batch_size, n_initial, n_boundary, gen, model):
+    """Collocation points in the model's floating dtype (a float64 PINN samples float64)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return problem.sample(batch_size, n_initial, n_boundary, generator=gen, dtype=dtype)
 
 
 def _log(res, step, loss, model, problem, val):
@@ -81,7 +83,7 @@ def train_fo(model: nn.Module, problem: PDEProblem, backend="AD", *, steps: int 
     start = time.perf_counter()
     per_point = backend.evaluations(problem.input_dim)
     for step in range(steps):
-        batch = _sample(problem, batch_size, n_initial, n_boundary, gen)
+        batch = _sample(problem, batch_size, n_initial, n_boundary, gen, model)
         backend.resample()
         parts = pinn_loss(model, problem, backend, batch, lambda_initial, lambda_boundary)
         loss = parts["loss"]
@@ -124,7 +126,7 @@ def train_zo(model: nn.Module, problem: PDEProblem, backend="SG", *, steps: int 
     per_point = backend.evaluations(problem.input_dim)
     start = time.perf_counter()
     for step in range(steps):
-        batch = _sample(problem, batch_size, n_initial, n_boundary, gen)
+        batch = _sample(problem, batch_size, n_initial, n_boundary, gen, model)
         backend.resample()
 
         def closure():

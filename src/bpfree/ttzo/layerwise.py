@@ -26,6 +26,17 @@ the column touches change: ``{i}`` for ``W_ij`` and ``b_i``, the ``M / m_k`` out
 ``W'`` (the same linearity; again equal up to float rounding), at a cost of ``|S|`` columns
 of ``W'`` per sample instead of the whole of ``z`` and ``W'``.
 
+Per core, the entries are not taken one chunk at a time (issue 32): the columns of all its
+entries form one tensor ``J[b, e, o, p]`` (``e = (α, ν, β)``, the same for every ``μ``), and
+:func:`layerwise_losses` evaluates them digit by digit in batched products. When the
+activations before the last layer are ReLU (or none), ``σ(z + δJ) − σ(z) = 1[z > 0]·δJ``
+except on the few outputs that ``δJ`` moves across the kink, so the change of the network
+output is one product ``J @ (1[z > 0]·W')`` for every entry and digit of the core, plus an
+exact correction on those outputs (:func:`_piecewise_core_losses`); the perturbed hidden
+outputs are never formed. ``layerwise_losses(..., reference=True)`` is the chunked path of
+before, kept as the reference the fast one is tested and timed against (`bench
+tt-zo-cost`).
+
 Models it understands: an ``nn.Sequential`` of ``nn.Linear``, :class:`~bpfree.tt.TTLinear`
 and element-wise activations, or a :class:`~bpfree.ttzo.MaskedModel` around one (its kept
 values are positions in the dense weight). Anything else falls back to
@@ -50,8 +61,12 @@ __all__ = ["LayerwiseCGE", "layerwise_losses"]
 
 #: Activations applied element-wise (the only non-affine layers allowed between layers).
 ELEMENTWISE = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.Identity)
+#: The element-wise activations that are linear on each side of zero.
+PIECEWISE_LINEAR = (nn.ReLU, nn.Identity)
 #: Elements of the largest perturbed chunk ``(C, B, M)`` (keeps one chunk in cache).
 _CHUNK_ELEMS = 1 << 21
+#: Elements of one digit's perturbed outputs ``(B, c, M_<, M_>)`` (larger chunks measured faster).
+_SLICE_ELEMS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -61,11 +76,14 @@ class LayerwiseCGE(CoordinateWise):
     Same coordinates, same estimate and the same ``d + 1`` (``2d`` central) evaluation count
     as the parent; only how the perturbed losses are computed differs (see the module
     docstring). ``mode="lean"`` and unsupported models use the parent's evaluation.
+    ``reference=True`` evaluates by the chunked path of before issue 32 (for timing it).
     """
+
+    reference: bool = False
 
     def evaluate(self, ctx: QueryContext, points) -> tuple[float, list[float]]:
         if ctx.mode == "batched" and isinstance(ctx.closure, Objective):
-            out = layerwise_losses(ctx.closure, ctx.params, points)
+            out = layerwise_losses(ctx.closure, ctx.params, points, reference=self.reference)
             if out is not None:
                 base, losses = out
                 return (float("nan") if self.central else base), losses
@@ -121,91 +139,296 @@ def _core_columns(layer: TTLinear, a: torch.Tensor, k: int) -> torch.Tensor:
     return torch.einsum("oia,bivcp->boavcp", left, t)
 
 
-@torch.no_grad()
-def layerwise_losses(objective: Objective, params, points) -> tuple[float, list[float]] | None:
-    """``(L(θ), [L(θ + δ e_j) for (i, j, δ) in points])`` by the layer linearity of the module
-    docstring, or None when the objective's model is not a supported layered network (or a
-    trainable tensor is not one of its layers' parameters). ``params`` are the tensors the
-    points' first entries index; ``j`` is a flat offset into ``params[i]``."""
+def _prepare(objective: Objective, params, points):
+    """The unperturbed forward of a supported model: ``(layers, located, acts, outs, base
+    loss, points grouped by tensor)``, or None (see :func:`layerwise_losses`)."""
     layers = _layers(objective.model)
     if layers is None:
         return None
     located = _locate(layers, params)
     if located is None:
         return None
-    x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
     acts, outs = [], []
-    h = x
+    h = objective.inputs
     for m in layers:
         acts.append(h)
         h = m(h)           # a masked layer's pre-hook rebuilds its dense weight here
         outs.append(h)
-    base = float(loss_fn(h, y).mean())
-    losses = [float("nan")] * len(points)
+    base = float(objective.loss_fn(h, objective.targets).mean())
     by_tensor: dict[int, list[int]] = {}
     for n, (i, _, _) in enumerate(points):
         by_tensor.setdefault(i, []).append(n)
-    B = x.shape[0]
+    return layers, located, acts, outs, base, by_tensor
+
+
+@torch.no_grad()
+def layerwise_losses(objective: Objective, params, points, *,
+                     reference: bool = False) -> tuple[float, list[float]] | None:
+    """``(L(θ), [L(θ + δ e_j) for (i, j, δ) in points])`` by the layer linearity of the module
+    docstring, or None when the objective's model is not a supported layered network (or a
+    trainable tensor is not one of its layers' parameters). ``params`` are the tensors the
+    points' first entries index; ``j`` is a flat offset into ``params[i]``.
+
+    TT-core coordinates whose layer is the last or is followed by the shortcut's tail take
+    :func:`_core_slice_losses` (batched products per core), and so do the biases before a
+    ReLU tail; every other coordinate the chunked path (:func:`_chunked_losses`).
+    ``reference=True`` takes the chunked path for every coordinate: the path before issue
+    32, kept as the reference the fast one is tested and timed against. Both give the
+    losses of the perturbed forwards up to float rounding."""
+    prepared = _prepare(objective, params, points)
+    if prepared is None:
+        return None
+    layers, located, acts, outs, base, by_tensor = prepared
+    losses = [float("nan")] * len(points)
     for i, members in by_tensor.items():
         li, kind, extra = located[i]
-        layer, a, z = layers[li], acts[li], outs[li]
-        M = z.shape[-1]
-        flat = torch.tensor([points[n][1] for n in members], dtype=torch.long, device=z.device)
-        if extra is not None and kind != "core":
-            flat = extra[flat]             # kept values -> positions in the dense tensor
-        deltas = torch.tensor([points[n][2] for n in members], dtype=z.dtype, device=z.device)
-        if kind == "core":
-            k = extra
-            jac = _core_columns(layer, a, k)
-            idx = _unravel(flat, layer.cores[k].shape)
-            split = (math.prod(layer.out_factors[:k]), layer.out_factors[k], -1)
-        tail = _tail(layers, li)
-        chunk = max(1, _CHUNK_ELEMS // (B * M))
-        for start in range(0, len(members), chunk):
-            sel = slice(start, start + chunk)
-            j, d = flat[sel], deltas[sel]
-            C = j.numel()
-            if tail is not None:
-                acts_after, last = tail
-                if kind == "core":
-                    alpha, mu, nu, beta = (t[sel] for t in idx)
-                    cols = jac[:, :, alpha, nu, beta, :].permute(2, 0, 1, 3)  # (C, B, M_<, M_>)
-                    zs = z.view(B, *split).permute(2, 0, 1, 3)[mu]           # (C, B, M_<, M_>)
-                    ws = last.view(last.shape[0], *split).permute(2, 0, 1, 3)[mu]  # (C, M', M_<, M_>)
-                    zs_new = zs + d[:, None, None, None] * cols
-                    change = "cbij,coij->cbo"
-                else:
-                    i_out = j if kind == "bias" else j // a.shape[-1]
-                    zs = z[:, i_out].T                                       # (C, B)
-                    ws = last[:, i_out].T                                    # (C, M')
-                    zs_new = zs + (d[:, None] if kind == "bias"
-                                   else d[:, None] * a[:, j % a.shape[-1]].T)
-                    change = "cb,co->cbo"
-                for m in acts_after:
-                    zs_new, zs = m(zs_new), m(zs)
-                h = (outs[-1] + torch.einsum(change, zs_new - zs, ws)).reshape(C * B, -1)
-                per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
-                for n, value in zip(members[sel], per):
-                    losses[n] = value
-                continue
-            rows = torch.arange(C, device=z.device)
-            zc = z.unsqueeze(0).repeat(C, 1, 1)
-            if kind == "bias":
-                zc[rows, :, j] += d[:, None]
-            elif kind == "dense":
-                n_in = a.shape[-1]
-                zc[rows, :, j // n_in] += d[:, None] * a[:, j % n_in].T
+        last = li == len(layers) - 1
+        tail = None if last else _tail(layers, li)
+        if reference:
+            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
+        elif kind == "core" and (tail is not None or last):
+            _core_slice_losses(objective, layers, li, extra, acts, outs, points, members, losses)
+        elif kind == "bias" and extra is None and _piecewise(tail):
+            # a bias entry is a one-entry "core" whose column is 1 on its own output
+            z = outs[li]
+            ones = z.new_ones(z.shape[0], 1, 1, 1)
+            _piecewise_core_losses(objective, ones, z, outs[-1], (1, z.shape[-1], 1, 1), (1, 1),
+                                   tail, points, members, losses)
+        else:
+            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
+    return base, losses
+
+
+def _core_jacobian(layer: TTLinear, a: torch.Tensor, k: int) -> torch.Tensor:
+    """``J[b, e, o, p]``, e = ``(α, ν, β)`` flattened: :func:`_core_columns` laid out so that
+    one output digit's columns of every entry are one ``(B·E, M_<·M_>)`` matrix."""
+    jac = _core_columns(layer, a, k)                                   # (B, o, α, ν, β, p)
+    B, O, r0, n, r1, P = jac.shape
+    return jac.permute(0, 2, 3, 4, 1, 5).reshape(B, r0 * n * r1, O, P)
+
+
+def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, losses) -> None:
+    """Fill ``losses[n]`` for the ``members`` of core ``k`` of layer ``li`` (the last layer, or
+    one followed by element-wise activations and one last layer), output digit by digit.
+
+    Entry ``(α, μ, ν, β)`` changes only the outputs ``(o, μ, p)``, by ``δ·J[b, e, o, p]``. For
+    one digit ``μ`` the perturbed outputs of every selected entry are one broadcast
+    ``z_μ + δ·J`` (no per-coordinate gather); after the activation, the change of the
+    network output is one matrix product with the last layer's ``W'[:, (o, μ, p)]``, and
+    when the layer is the last, only the logits of digit ``μ`` are replaced."""
+    x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
+    layer, a, z = layers[li], acts[li], outs[li]
+    B, logits = x.shape[0], outs[-1]
+    r0, m, n, r1 = layer.cores[k].shape
+    O, P = math.prod(layer.out_factors[:k]), math.prod(layer.out_factors[k + 1:])
+    jac = _core_jacobian(layer, a, k)                                  # (B, E, O, P)
+    flat = torch.tensor([points[j][1] for j in members], dtype=torch.long)
+    deltas = torch.tensor([points[j][2] for j in members], dtype=z.dtype, device=z.device)
+    alpha, mu, nu, beta = _unravel(flat, (r0, m, n, r1))
+    entry = (alpha * n + nu) * r1 + beta
+    zv = z.view(B, O, m, P)
+    tail = None if li == len(layers) - 1 else _tail(layers, li)
+    if _piecewise(tail):
+        _piecewise_core_losses(objective, jac, z, logits, (r0, m, n, r1), (O, P), tail,
+                               points, members, losses)
+        return
+    if tail is not None:
+        acts_after, w = tail
+        wv = w.view(w.shape[0], O, m, P)
+    chunk = max(1, _SLICE_ELEMS // (B * O * P))
+    members_t = torch.tensor(members, dtype=torch.long)
+    buf = z.new_empty(B * min(chunk, len(members)) * O * P)
+    for digit in range(m):
+        on = (mu == digit).nonzero().flatten()
+        if not on.numel():
+            continue
+        z_mu = zv[:, :, digit, :].unsqueeze(1)                        # (B, 1, O, P)
+        if tail is not None:
+            s_mu = _activate(acts_after, z_mu)
+            w_mu = wv[:, :, digit, :].reshape(w.shape[0], O * P)      # (C', O·P), contiguous
+        for start in range(0, on.numel(), chunk):
+            sel = on[start:start + chunk]
+            e, d = entry[sel], deltas[sel]
+            c = e.numel()
+            first = int(e[0])
+            if torch.equal(e, torch.arange(first, first + c)):
+                cols = jac[:, first:first + c]                         # a view: no gather
             else:
+                cols = jac.index_select(1, e.to(jac.device))
+            z_new = buf[:B * c * O * P].view(B, c, O, P)
+            torch.mul(cols, d.view(1, c, 1, 1), out=z_new).add_(z_mu)  # z_μ + δ·J
+            if tail is None:
+                h = logits.unsqueeze(1).repeat(1, c, 1)
+                h.view(B, c, O, m, P)[:, :, :, digit, :] = z_new
+            else:
+                change = _activate(acts_after, z_new, inplace=True).sub_(s_mu)
+                # W' as the transposed view of a contiguous (C', O·P): MKL's fast layout
+                h = torch.matmul(change.view(B, c, O * P), w_mu.T).add_(logits.unsqueeze(1))
+            per = loss_fn(h.reshape(B * c, -1), y.repeat_interleave(c)).view(B, c).mean(0)
+            for j, value in zip(members_t[sel].tolist(), per.tolist()):
+                losses[j] = value
+
+
+def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, points, members,
+                           losses) -> None:
+    """:func:`_core_slice_losses` when the activations after the layer are ReLU / identity:
+    every digit's change of the network output in one batched product, without forming the
+    perturbed outputs.
+
+    With ``σ`` = ReLU, ``σ(z + δJ) − σ(z) = 1[z > 0]·δJ + κ``, where ``κ`` is non-zero only
+    where ``z + δJ`` and ``z`` lie on different sides of the kink, which needs
+    ``|z| ≤ |δ|·max_e |J|``. So the output change of entry ``(α, μ, ν, β)`` is
+    ``δ·Σ_{o,p} J[b, e, o, p]·1[z > 0]·W'[:, (o, μ, p)]`` -- one ``(B, E, M_<·M_>) @
+    (B, M_<·M_>, m·C')`` product for all entries and digits of the core -- plus ``κ·W'``
+    on those few ``(b, o, μ, p)``, computed exactly. Equal to ``W'(σ(z + δJ) − σ(z))`` in
+    exact arithmetic; in floats it skips the cancellation of ``σ(z + δJ) − σ(z)``, so it
+    differs from the reference by less than that rounding (≤ ulp(z) per output)."""
+    x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
+    acts_after, w = tail
+    r0, m, n, r1 = shape
+    O, P = split
+    B, E, C = x.shape[0], r0 * n * r1, w.shape[0]
+    kinked = any(isinstance(act, nn.ReLU) for act in acts_after)
+    zv = z.view(B, O, m, P)
+    wv = w.view(C, O, m, P)
+    active = (zv > 0).to(z.dtype) if kinked else torch.ones_like(zv)
+    # g[b, (μ, c), (o, p)] = 1[z_(o, μ, p) > 0]·W'[c, (o, μ, p)]; passed to bmm transposed,
+    # MKL's fast layout for a narrow right operand
+    g = (active.permute(0, 2, 1, 3).unsqueeze(2)
+         * wv.permute(2, 0, 1, 3).unsqueeze(0)).reshape(B, m * C, O * P)
+    unit = torch.bmm(jac.view(B, E, O * P), g.transpose(1, 2))        # (B, E, m·C)
+    unit = unit.view(B, E, m, C).permute(0, 2, 1, 3).contiguous()      # (B, m, E, C)
+    flat = torch.tensor([points[j][1] for j in members], dtype=torch.long)
+    deltas = torch.tensor([points[j][2] for j in members], dtype=z.dtype, device=z.device)
+    alpha, mu, nu, beta = _unravel(flat, shape)
+    entry = (alpha * n + nu) * r1 + beta
+    members_t = torch.tensor(members, dtype=torch.long)
+    for sel in _rounds(flat):
+        table = z.new_zeros(m, E)               # δ of each (digit, entry) of this round
+        table[mu[sel], entry[sel]] = deltas[sel]
+        change = unit * table[None, :, :, None]                        # (B, m, E, C)
+        if kinked:
+            _add_kinks(change, jac, zv, table, wv)
+        h = change[:, mu[sel], entry[sel], :].add_(logits.unsqueeze(1))  # (B, s, C)
+        c = sel.numel()
+        per = loss_fn(h.reshape(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
+        for j, value in zip(members_t[sel].tolist(), per.tolist()):
+            losses[j] = value
+
+
+def _add_kinks(change, jac, zv, table, wv) -> None:
+    """Add ``κ·W'`` (see :func:`_piecewise_core_losses`) to ``change`` ``(B, m, E, C)``
+    in place, for the outputs that some entry's ``δ·J`` could move across ReLU's kink."""
+    B, O, m, P = zv.shape
+    E, C = jac.shape[1], wv.shape[0]
+    # amax and amin apart: torch.aminmax over a middle dim is ~5x slower (torch 2.13, CPU)
+    reach = torch.maximum(jac.amax(1), jac.amin(1).neg_()).unsqueeze(2)        # (B, O, 1, P)
+    reach = reach * table.abs().amax(1).view(1, 1, m, 1)
+    b, o, u, p = (zv.abs() <= reach).nonzero(as_tuple=True)
+    flat_change = change.view(B * m, E, C)
+    step = max(1, _CHUNK_ELEMS // (E * C))
+    for start in range(0, b.numel(), step):
+        bs, os_, us, ps = (t[start:start + step] for t in (b, o, u, p))
+        moved = table[us] * jac[bs, :, os_, ps]                         # (n, E): δ·J
+        zc = zv[bs, os_, us, ps].unsqueeze(1)
+        kink = (zc + moved).relu_().sub_(zc.relu()).sub_(moved * (zc > 0))
+        flat_change.index_add_(0, bs * m + us,
+                               kink.unsqueeze(-1) * wv[:, os_, us, ps].T.unsqueeze(1))
+
+
+def _rounds(flat: torch.Tensor) -> list[torch.Tensor]:
+    """Positions of ``flat`` split so that no offset repeats within one group (central CGE
+    evaluates each coordinate at ``+δ`` and ``−δ``), in order of first occurrence."""
+    seen: dict[int, int] = {}
+    groups: list[list[int]] = []
+    for pos, j in enumerate(flat.tolist()):
+        r = seen.get(j, 0)
+        seen[j] = r + 1
+        if r == len(groups):
+            groups.append([])
+        groups[r].append(pos)
+    return [torch.tensor(g, dtype=torch.long) for g in groups]
+
+
+def _piecewise(tail) -> bool:
+    """Whether ``tail`` (from :func:`_tail`) exists and its activations are ReLU / identity."""
+    return tail is not None and all(isinstance(act, PIECEWISE_LINEAR) for act in tail[0])
+
+
+def _activate(acts, t: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """The element-wise activations ``acts`` applied to ``t`` (ReLU in place when allowed:
+    ``t`` is then a fresh buffer of the caller's)."""
+    for act in acts:
+        if inplace and isinstance(act, nn.ReLU):
+            t = t.relu_()
+        else:
+            t = act(t)
+    return t
+
+
+def _chunked_losses(objective, layers, where, acts, outs, points, members, losses) -> None:
+    """Fill ``losses[n]`` for the ``members`` (indices into ``points``) of one tensor located
+    at ``where``, a chunk of coordinates at a time (the reference path)."""
+    x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
+    B = x.shape[0]
+    li, kind, extra = where
+    layer, a, z = layers[li], acts[li], outs[li]
+    M = z.shape[-1]
+    flat = torch.tensor([points[n][1] for n in members], dtype=torch.long, device=z.device)
+    if extra is not None and kind != "core":
+        flat = extra[flat]             # kept values -> positions in the dense tensor
+    deltas = torch.tensor([points[n][2] for n in members], dtype=z.dtype, device=z.device)
+    if kind == "core":
+        k = extra
+        jac = _core_columns(layer, a, k)
+        idx = _unravel(flat, layer.cores[k].shape)
+        split = (math.prod(layer.out_factors[:k]), layer.out_factors[k], -1)
+    tail = _tail(layers, li)
+    chunk = max(1, _CHUNK_ELEMS // (B * M))
+    for start in range(0, len(members), chunk):
+        sel = slice(start, start + chunk)
+        j, d = flat[sel], deltas[sel]
+        C = j.numel()
+        if tail is not None:
+            acts_after, last = tail
+            if kind == "core":
                 alpha, mu, nu, beta = (t[sel] for t in idx)
                 cols = jac[:, :, alpha, nu, beta, :].permute(2, 0, 1, 3)  # (C, B, M_<, M_>)
-                zc.view(C, B, *split)[rows, :, :, mu, :] += d[:, None, None, None] * cols
-            h = zc.reshape(C * B, M)
-            for m in layers[li + 1:]:
-                h = m(h)
+                zs = z.view(B, *split).permute(2, 0, 1, 3)[mu]           # (C, B, M_<, M_>)
+                ws = last.view(last.shape[0], *split).permute(2, 0, 1, 3)[mu]  # (C, M', M_<, M_>)
+                zs_new = zs + d[:, None, None, None] * cols
+                change = "cbij,coij->cbo"
+            else:
+                i_out = j if kind == "bias" else j // a.shape[-1]
+                zs = z[:, i_out].T                                       # (C, B)
+                ws = last[:, i_out].T                                    # (C, M')
+                zs_new = zs + (d[:, None] if kind == "bias"
+                               else d[:, None] * a[:, j % a.shape[-1]].T)
+                change = "cb,co->cbo"
+            for m in acts_after:
+                zs_new, zs = m(zs_new), m(zs)
+            h = (outs[-1] + torch.einsum(change, zs_new - zs, ws)).reshape(C * B, -1)
             per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
             for n, value in zip(members[sel], per):
                 losses[n] = value
-    return base, losses
+            continue
+        rows = torch.arange(C, device=z.device)
+        zc = z.unsqueeze(0).repeat(C, 1, 1)
+        if kind == "bias":
+            zc[rows, :, j] += d[:, None]
+        elif kind == "dense":
+            n_in = a.shape[-1]
+            zc[rows, :, j // n_in] += d[:, None] * a[:, j % n_in].T
+        else:
+            alpha, mu, nu, beta = (t[sel] for t in idx)
+            cols = jac[:, :, alpha, nu, beta, :].permute(2, 0, 1, 3)  # (C, B, M_<, M_>)
+            zc.view(C, B, *split)[rows, :, :, mu, :] += d[:, None, None, None] * cols
+        h = zc.reshape(C * B, M)
+        for m in layers[li + 1:]:
+            h = m(h)
+        per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
+        for n, value in zip(members[sel], per):
+            losses[n] = value
 
 
 def _tail(layers, li):
