@@ -51,7 +51,8 @@ DW_MAX_TAPS = 64
 
 def kernel_scratch_elems(graph: Graph) -> int:
     """Int16 elements of the kernels' scratch (``bpf_model.scratch``): two im2col columns of
-    the largest reduction of a groups-1 layer (at least :data:`SCRATCH_FLOOR`), and the
+    the largest reduction of a groups-1 layer (at least :data:`SCRATCH_FLOOR`), plus one
+    spare column for a non-pointwise one, and the
     kh + 1 padded rows of every depthwise layer's ring (bpfree_runtime.c's DW_ROW_STRIDE)."""
     need = 0
     for op in graph.affine_ops():
@@ -59,8 +60,12 @@ def kernel_scratch_elems(graph: Graph) -> int:
         w = m.weight
         red = w.numel() // w.shape[0]
         groups = getattr(m, "groups", 1)
-        if groups == 1:
-            need = max(need, SCRATCH_FLOOR, 2 * red)
+        if groups == 1:  # a convolution's column is also built in a spare column first
+            pointwise = tuple(getattr(m, "kernel_size", (1, 1))) == (1, 1) and \
+                tuple(getattr(m, "stride", (1, 1))) == (1, 1) and \
+                tuple(getattr(m, "padding", (0, 0))) == (0, 0)
+            need = max(need, SCRATCH_FLOOR + (0 if pointwise else red),
+                       (2 if pointwise else 3) * red)
         elif groups == w.shape[0] == m.in_channels and tuple(m.dilation) == (1, 1) \
                 and red <= DW_MAX_TAPS:
             t = graph.tensors[op.inputs[0]]

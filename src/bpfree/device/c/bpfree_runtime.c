@@ -153,8 +153,15 @@ static inline uint32_t read_u32(const void *p) {
     return v;
 }
 
-/* x rotated right by 8 bits (GCC 12's arm_acle.h has no __ror). */
-static inline uint32_t ror8(uint32_t x) { return (x >> 8) | (x << 24); }
+#if BPF_DSP
+/* SXTB16 of x rotated right by 8 bits, one instruction (GCC 12's arm_acle.h has no __ror,
+ * and GCC does not fold a rotate into SXTB16). */
+static inline int32_t sxtb16_ror8(uint32_t x) {
+    int32_t r;
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(x));
+    return r;
+}
+#endif
 
 /* sat32(a + b) of two int32 (QADD). */
 static inline int32_t sat_add(int32_t a, int32_t b) {
@@ -166,37 +173,40 @@ static inline int32_t sat_add(int32_t a, int32_t b) {
 #endif
 }
 
-/* One requantization's constants. mbqm(x) with a right shift r in [1, 31] and a positive
- * multiplier m is computed in one 64-bit multiply-accumulate and one shift: with T = x m,
+/* One requantization's constants. mbqm(x) with a right shift r in [2, 31] and a positive
+ * multiplier m is one 64-bit multiply-accumulate (SMLAL) and one shift: with T = x m,
  *   (((T + 2^30) >> 31) + 2^(r-1) - [h < 0]) >> r  ==  (T + 2^30 + 2^(30+r) - [x < 0] 2^31) >> (31+r)
- * since floor(floor(a / b) + c) / d) = floor((a + c b) / (b d)), and [h < 0] = [T < -2^30] may
- * be replaced by [T < 0] = [x < 0] (for T in [-2^30, 0) both sides are 0); m > 0 also keeps
- * h below 2^31, so mbqm's cap never applies. Other shifts take mbqm itself (rshift < 0). */
+ * since floor((floor(a / b) + c) / d) = floor((a + c b) / (b d)), and [h < 0] = [T < -2^30]
+ * may be replaced by [T < 0] = [x < 0] (for T in [-2^30, 0) both sides are 0); m > 0 also
+ * keeps h below 2^31, so mbqm's cap never applies. The added constant's words are
+ * (2^(r-2), 2^30) for x >= 0 and (2^(r-2) - 1, 3 2^30) for x < 0: two instructions from x.
+ * Other shifts and multipliers take mbqm itself (rshift < 0). */
 typedef struct {
-    int64_t round; /* 2^30 + 2^(30 + r) */
-    int32_t mult, shift, rshift; /* rshift = r - 1, or -1: use mbqm */
+    int32_t mult, shift;
+    int32_t rshift; /* r - 1 >= 1, or -1: use mbqm */
+    int32_t high;   /* 2^(r-2) */
 } requant_k;
 
 static inline requant_k requant_of(int32_t mult, int32_t shift) {
     requant_k q;
     q.mult = mult;
     q.shift = shift;
-    if (mult > 0 && shift <= -1 && shift >= -31) {
-        q.rshift = -shift - 1;
-        q.round = ((int64_t)1 << 30) + ((int64_t)1 << (30 - shift));
-    } else {
-        q.rshift = -1;
-        q.round = 0;
-    }
+    q.rshift = mult > 0 && shift <= -2 && shift >= -31 ? -shift - 1 : -1;
+    q.high = q.rshift >= 0 ? (int32_t)1 << (-shift - 2) : 0;
     return q;
+}
+
+/* mbqm(x) on the fast path (q.rshift >= 0). */
+static inline int32_t mbqm_fast(int32_t x, int32_t mult, int32_t high, int32_t rshift) {
+    uint32_t lo = ((uint32_t)x & 0x80000000u) | 0x40000000u;
+    int32_t hi = high + (x >> 31);
+    int64_t t = (int64_t)(((uint64_t)(uint32_t)hi << 32) | lo) + (int64_t)x * mult;
+    return (int32_t)(t >> 32) >> rshift;
 }
 
 /* mbqm(x, mult, shift) for an int32 x. */
 static inline int32_t mbqm_k(const requant_k *q, int32_t x) {
-    if (q->rshift >= 0) {
-        int64_t t = (int64_t)x * q->mult + q->round - (x < 0 ? ((int64_t)1 << 31) : 0);
-        return (int32_t)(t >> 32) >> q->rshift;
-    }
+    if (q->rshift >= 0) return mbqm_fast(x, q->mult, q->high, q->rshift);
     return (int32_t)mbqm(x, q->mult, q->shift);
 }
 
@@ -214,20 +224,38 @@ static inline requant_ch requant_channel(const bpf_affine *p, int32_t co) {
     return q;
 }
 
-static inline int8_t requantize(const requant_ch *q, int32_t acc, int32_t lo, int32_t hi) {
+static inline int32_t clamp_to(int32_t z, int32_t lo, int32_t hi) {
+    z = z < lo ? lo : z;
+    return z > hi ? hi : z;
+}
+
+/* clamp(mbqm(sat32(acc + bias)) + zp, -128, 127), then to [lo, hi] (within [-128, 127]).
+ * `mode` (a constant where it is inlined): RQ_ANY, or the caller's promise that
+ * q->k.rshift >= 0 (RQ_FAST) and also that [lo, hi] is [-128, 127] (RQ_FULL, one SSAT). On
+ * the fast path |mbqm| < 2^30, so adding zp cannot overflow and [lo, hi] subsumes the int8
+ * clamp. */
+enum { RQ_ANY = 0, RQ_FAST = 1, RQ_FULL = 2 };
+static inline __attribute__((always_inline)) int8_t requantize(const requant_ch *q, int32_t acc,
+                                                               int32_t lo, int32_t hi,
+                                                               int mode) {
     int32_t x = sat_add(acc, q->bias);
-    int32_t z;
-    if (q->k.rshift >= 0) {
-        z = mbqm_k(&q->k, x) + q->zp; /* |mbqm| < 2^30 here: no overflow */
-#if BPF_DSP
-        z = __ssat(z, 8);
-#else
-        z = z < -128 ? -128 : (z > 127 ? 127 : z);
-#endif
-    } else {
-        z = clampi(mbqm(x, q->k.mult, q->k.shift) + q->zp, -128, 127);
+    if (mode == RQ_ANY) {
+        int32_t z = clampi(mbqm(x, q->k.mult, q->k.shift) + q->zp, -128, 127);
+        return (int8_t)clamp_to(z, lo, hi);
     }
-    return (int8_t)(z < lo ? lo : (z > hi ? hi : z));
+    int32_t z = mbqm_fast(x, q->k.mult, q->k.high, q->k.rshift) + q->zp;
+    if (mode == RQ_FAST) return (int8_t)clamp_to(z, lo, hi);
+#if BPF_DSP
+    return (int8_t)__ssat(z, 8);
+#else
+    return (int8_t)clamp_to(z, -128, 127);
+#endif
+}
+
+/* The requantization mode of a channel (pair) clamped to [lo, hi]. */
+static inline int rq_mode(const requant_ch *a, const requant_ch *b, int32_t lo, int32_t hi) {
+    if (a->k.rshift < 0 || b->k.rshift < 0) return RQ_ANY;
+    return lo == -128 && hi == 127 ? RQ_FULL : RQ_FAST;
 }
 
 /* Node perturbation (Eq. 9) after a fast kernel: the kernels clamp to [-128, 127] only, and
@@ -258,38 +286,74 @@ static inline int32_t col_slot(int32_t k, int32_t c, int32_t red) {
 #endif
 }
 
+static int is_pointwise(const bpf_affine *p) {
+    return p->kh * p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0;
+}
+
+/* The column of output position `pos` of a (non-pointwise) convolution in weight order
+ * (ci, i, j): (x - z_x) as int16, 0 at padding taps. */
+static void conv_column(const bpf_affine *p, const bpf_tensor *ti, const int8_t *xn,
+                        int32_t oh, int32_t ow, int16_t *t) {
+    int32_t ih0 = oh * p->sh - p->ph, iw0 = ow * p->sw - p->pw, zp = p->in_zp;
+    int32_t W = ti->w, kw = p->kw, dw = p->dw;
+    int inner = iw0 >= 0 && iw0 + (kw - 1) * dw < W;
+    for (int32_t ci = 0; ci < p->cin; ci++) {
+        const int8_t *xc = xn + (int64_t)ci * ti->h * W;
+        for (int32_t i = 0; i < p->kh; i++) {
+            int32_t ih = ih0 + i * p->dh;
+            if (ih < 0 || ih >= ti->h) {
+                for (int32_t j = 0; j < kw; j++) *t++ = 0;
+                continue;
+            }
+            const int8_t *xr = xc + (int64_t)ih * W + iw0;
+            if (inner)
+                for (int32_t j = 0; j < kw; j++) *t++ = (int16_t)(xr[j * dw] - zp);
+            else
+                for (int32_t j = 0; j < kw; j++) {
+                    int32_t iw = iw0 + j * dw;
+                    *t++ = (int16_t)(iw >= 0 && iw < W ? xr[j * dw] - zp : 0);
+                }
+        }
+    }
+}
+
 /* im2col: the column of output position `pos` of one sample, as entry c of the pair at
- * `pair`: the reduction's (x - z_x) as int16 in weight order (ci, i, j), 0 at padding taps. */
+ * `pair` (`tmp`: room for one column, used by DSP builds of non-pointwise layers). */
 static void im2col(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
-                   const int8_t *xn, int32_t pos, int32_t red, int16_t *pair, int32_t c) {
-    int32_t ihw = ti->h * ti->w, zp = p->in_zp;
-    if (p->kh * p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0) {
-        const int8_t *xp = xn + pos;
-        int32_t ci = 0;
+                   const int8_t *xn, int32_t pos, int32_t red, int16_t *pair, int32_t c,
+                   int16_t *tmp) {
+    int32_t ihw = ti->h * ti->w, zp = p->in_zp, k = 0;
 #if BPF_DSP
-        int16_t *g = pair + c * 4;
-        for (int32_t full = red & ~3; ci < full; ci += 4, g += 8) {
-            g[0] = (int16_t)(xp[(int64_t)ci * ihw] - zp);
-            g[2] = (int16_t)(xp[(int64_t)(ci + 1) * ihw] - zp);
-            g[1] = (int16_t)(xp[(int64_t)(ci + 2) * ihw] - zp);
-            g[3] = (int16_t)(xp[(int64_t)(ci + 3) * ihw] - zp);
+    int16_t *g = pair + c * 4;
+    int32_t full = red & ~3;
+#endif
+    if (is_pointwise(p)) {
+        const int8_t *xp = xn + pos;
+#if BPF_DSP
+        for (; k < full; k += 4, g += 8) {
+            g[0] = (int16_t)(xp[(int64_t)k * ihw] - zp);
+            g[2] = (int16_t)(xp[(int64_t)(k + 1) * ihw] - zp);
+            g[1] = (int16_t)(xp[(int64_t)(k + 2) * ihw] - zp);
+            g[3] = (int16_t)(xp[(int64_t)(k + 3) * ihw] - zp);
         }
 #endif
-        for (; ci < red; ci++) pair[col_slot(ci, c, red)] = (int16_t)(xp[(int64_t)ci * ihw] - zp);
+        for (; k < red; k++) pair[col_slot(k, c, red)] = (int16_t)(xp[(int64_t)k * ihw] - zp);
         return;
     }
-    int32_t oh = pos / to->w, ow = pos % to->w, k = 0;
-    for (int32_t ci = 0; ci < p->cin; ci++) {
-        const int8_t *xc = xn + (int64_t)ci * ihw;
-        for (int32_t i = 0; i < p->kh; i++) {
-            int32_t ih = oh * p->sh - p->ph + i * p->dh;
-            for (int32_t j = 0; j < p->kw; j++, k++) {
-                int32_t iw = ow * p->sw - p->pw + j * p->dw;
-                int inside = ih >= 0 && ih < ti->h && iw >= 0 && iw < ti->w;
-                pair[col_slot(k, c, red)] = (int16_t)(inside ? xc[ih * ti->w + iw] - zp : 0);
-            }
-        }
+#if BPF_DSP
+    conv_column(p, ti, xn, pos / to->w, pos % to->w, tmp);
+    for (; k < full; k += 4, g += 8) {
+        g[0] = tmp[k];
+        g[2] = tmp[k + 1];
+        g[1] = tmp[k + 2];
+        g[3] = tmp[k + 3];
     }
+    for (; k < red; k++) pair[col_slot(k, c, red)] = tmp[k];
+#else
+    (void)tmp;
+    (void)k;
+    conv_column(p, ti, xn, pos / to->w, pos % to->w, pair + (int64_t)c * red);
+#endif
 }
 
 /* a = {w0.c0, w0.c1, w1.c0, w1.c1}: weight rows w0 and w0 + red by the column pair. */
@@ -301,14 +365,14 @@ static void dot_2x2(const int8_t *w0, const int16_t *pair, int32_t red, int32_t 
         uint32_t wa = read_u32(w0 + k);
         int32_t x02 = (int32_t)read_u32(g), x13 = (int32_t)read_u32(g + 2);
         int32_t y02 = (int32_t)read_u32(g + 4), y13 = (int32_t)read_u32(g + 6);
-        int32_t w02 = (int32_t)__sxtb16(wa), w13 = (int32_t)__sxtb16(ror8(wa));
+        int32_t w02 = (int32_t)__sxtb16(wa), w13 = sxtb16_ror8(wa);
         a00 = __smlad(w02, x02, a00);
         a00 = __smlad(w13, x13, a00);
         a01 = __smlad(w02, y02, a01);
         a01 = __smlad(w13, y13, a01);
         uint32_t wb = read_u32(w0 + red + k);
         w02 = (int32_t)__sxtb16(wb);
-        w13 = (int32_t)__sxtb16(ror8(wb));
+        w13 = sxtb16_ror8(wb);
         a10 = __smlad(w02, x02, a10);
         a10 = __smlad(w13, x13, a10);
         a11 = __smlad(w02, y02, a11);
@@ -339,22 +403,34 @@ static void dot_2x2(const int8_t *w0, const int16_t *pair, int32_t red, int32_t 
 }
 
 /* Two output channels (rows w0, w0 + red; outputs y0, y1) over an im2col block of nb
- * columns. Kept out of line: its registers are the inner loop's. */
-static __attribute__((noinline)) void gemm_rows(const int8_t *w0, const int16_t *cols,
-                                                int32_t red, int32_t nb, const requant_ch *q0,
-                                                const requant_ch *q1, int8_t *y0, int8_t *y1,
-                                                int32_t lo, int32_t hi) {
+ * columns. Kept out of line, so that its registers are the inner loop's; `mode` is a
+ * constant in each of its two instances. */
+static inline __attribute__((always_inline)) void gemm_rows_impl(
+    const int8_t *w0, const int16_t *cols, int32_t red, int32_t nb, const requant_ch *q0,
+    const requant_ch *q1, int8_t *y0, int8_t *y1, int32_t lo, int32_t hi, int mode) {
+    requant_ch r0 = *q0, r1 = *q1;
     for (int32_t j = 0; j < nb; j += 2) {
         int32_t a[4];
         dot_2x2(w0, cols + (int64_t)j * red, red, a);
-        y0[j] = requantize(q0, a[0], lo, hi);
-        y1[j] = requantize(q1, a[2], lo, hi);
+        y0[j] = requantize(&r0, a[0], lo, hi, mode);
+        y1[j] = requantize(&r1, a[2], lo, hi, mode);
         if (j + 1 < nb) {
-            y0[j + 1] = requantize(q0, a[1], lo, hi);
-            y1[j + 1] = requantize(q1, a[3], lo, hi);
+            y0[j + 1] = requantize(&r0, a[1], lo, hi, mode);
+            y1[j + 1] = requantize(&r1, a[3], lo, hi, mode);
         }
     }
 }
+
+#define GEMM_ROWS(NAME, MODE)                                                                 \
+    static __attribute__((noinline)) void NAME(const int8_t *w0, const int16_t *cols,         \
+                                                int32_t red, int32_t nb, const requant_ch *q0,  \
+                                                const requant_ch *q1, int8_t *y0, int8_t *y1,  \
+                                                int32_t lo, int32_t hi) {                      \
+        gemm_rows_impl(w0, cols, red, nb, q0, q1, y0, y1, lo, hi, MODE);                       \
+    }
+GEMM_ROWS(gemm_rows_any, RQ_ANY)
+GEMM_ROWS(gemm_rows_fast, RQ_FAST)
+GEMM_ROWS(gemm_rows_full, RQ_FULL)
 
 /* Convolution (groups 1, incl. pointwise) and fully connected: per sample, blocks of output
  * positions are unrolled into `scratch` (as many column pairs as fit, at least one), then
@@ -365,7 +441,9 @@ static void affine_gemm(const bpf_affine *p, const bpf_tensor *ti, const bpf_ten
                         const int8_t *x, int8_t *y, int32_t batch, int16_t *scratch,
                         int32_t scratch_elems, int32_t lo, int32_t hi) {
     int32_t red = p->cin * p->kh * p->kw, P = to->h * to->w;
-    int32_t block = scratch_elems / (2 * red) * 2;
+    int32_t room = is_pointwise(p) ? scratch_elems : scratch_elems - red; /* tmp at the end */
+    int16_t *tmp = scratch + room;
+    int32_t block = room / (2 * red) * 2;
     if (block > P) block = P;
     for (int32_t n = 0; n < batch; n++) {
         const int8_t *xn = x + (int64_t)n * ti->numel;
@@ -373,13 +451,19 @@ static void affine_gemm(const bpf_affine *p, const bpf_tensor *ti, const bpf_ten
         for (int32_t p0 = 0; p0 < P; p0 += block) {
             int32_t nb = P - p0 < block ? P - p0 : block;
             for (int32_t j = 0; j < nb; j++)
-                im2col(p, ti, to, xn, p0 + j, red, scratch + (int64_t)(j & ~1) * red, j & 1);
+                im2col(p, ti, to, xn, p0 + j, red, scratch + (int64_t)(j & ~1) * red, j & 1, tmp);
             if (nb & 1)
-                im2col(p, ti, to, xn, p0 + nb - 1, red, scratch + (int64_t)(nb - 1) * red, 1);
+                im2col(p, ti, to, xn, p0 + nb - 1, red, scratch + (int64_t)(nb - 1) * red, 1,
+                       tmp);
             for (int32_t co = 0; co < p->cout; co += 2) {
                 int32_t c0 = co + 1 < p->cout ? co : co - 1; /* odd count: redo co - 1 */
                 requant_ch q0 = requant_channel(p, c0), q1 = requant_channel(p, c0 + 1);
-                gemm_rows(p->w + (int64_t)c0 * red, scratch, red, nb, &q0, &q1,
+                static void (*const rows[3])(const int8_t *, const int16_t *, int32_t, int32_t,
+                                             const requant_ch *, const requant_ch *, int8_t *,
+                                             int8_t *, int32_t, int32_t) = {
+                    gemm_rows_any, gemm_rows_fast, gemm_rows_full};
+                rows[rq_mode(&q0, &q1, lo, hi)](
+                          p->w + (int64_t)c0 * red, scratch, red, nb, &q0, &q1,
                           yn + (int64_t)c0 * P + p0, yn + (int64_t)(c0 + 1) * P + p0, lo, hi);
             }
         }
@@ -395,35 +479,57 @@ static void affine_gemm(const bpf_affine *p, const bpf_tensor *ti, const bpf_ten
  * 7x7 kernels get unrolled loops. */
 #define DW_ROW_STRIDE(w) (((w) + 2) & ~1)
 
-static inline int32_t dw_taps(const int16_t *r, const int16_t *w, int32_t pairs, int32_t acc) {
+/* One output row: outputs ow = 0 .. count-1 at input column ow * sw of the kh rows, two
+ * outputs at a time (each weight pair is loaded once for both). Instances with the kernel
+ * shape and stride as constants unroll fully; each has a fast-requantization form, and one
+ * general instance takes any shape and requantization. */
+#define DW_PAIR(acc, w, r) acc = dw_pair(w, r, acc)
+static inline int32_t dw_pair(const int16_t *w, const int16_t *r, int32_t acc) {
 #if BPF_DSP
-    for (int32_t j = 0; j < pairs; j++)
-        acc = __smlad((int32_t)read_u32(w + 2 * j), (int32_t)read_u32(r + 2 * j), acc);
+    return __smlad((int32_t)read_u32(w), (int32_t)read_u32(r), acc);
 #else
-    for (int32_t j = 0; j < 2 * pairs; j++) acc += w[j] * r[j];
+    return acc + w[0] * r[0] + w[1] * r[1];
 #endif
-    return acc;
 }
-
-/* One output row: outputs ow = 0 .. count-1 at input column ow * sw of the kh rows. */
-#define DW_OUTPUT_ROW(NAME, KH, KWP)                                                          \
+#define DW_OUTPUT_ROW(NAME, KH, KWP, SW, FAST)                                                \
     static __attribute__((noinline)) void NAME(const int16_t *const *rows, int32_t kh,        \
                                                 int32_t kwp, const int16_t *wk, int32_t count, \
                                                 int32_t sw, int8_t *y, const requant_ch *q,   \
                                                 int32_t lo, int32_t hi) {                     \
         (void)kh;                                                                             \
         (void)kwp;                                                                            \
-        for (int32_t ow = 0; ow < count; ow++) {                                              \
-            int32_t acc = 0, base = ow * sw;                                                  \
-            _Pragma("GCC unroll 8") for (int32_t i = 0; i < (KH); i++)                        \
-                acc = dw_taps(rows[i] + base, wk + i * (KWP), (KWP) / 2, acc);                \
-            y[ow] = requantize(q, acc, lo, hi);                                               \
+        (void)sw;                                                                             \
+        requant_ch r = *q;                                                                    \
+        int32_t ow = 0;                                                                       \
+        for (; ow + 2 <= count; ow += 2) {                                                    \
+            int32_t acc0 = 0, acc1 = 0, base = ow * (SW);                                     \
+            _Pragma("GCC unroll 8") for (int32_t i = 0; i < (KH); i++) {                      \
+                const int16_t *x0 = rows[i] + base, *w = wk + i * (KWP);                      \
+                _Pragma("GCC unroll 4") for (int32_t j = 0; j < (KWP); j += 2) {              \
+                    DW_PAIR(acc0, w + j, x0 + j);                                             \
+                    DW_PAIR(acc1, w + j, x0 + (SW) + j);                                      \
+                }                                                                             \
+            }                                                                                 \
+            y[ow] = requantize(&r, acc0, lo, hi, FAST);                                       \
+            y[ow + 1] = requantize(&r, acc1, lo, hi, FAST);                                   \
+        }                                                                                     \
+        if (ow < count) {                                                                     \
+            int32_t acc = 0, base = ow * (SW);                                                \
+            for (int32_t i = 0; i < (KH); i++)                                                \
+                for (int32_t j = 0; j < (KWP); j += 2)                                        \
+                    DW_PAIR(acc, wk + i * (KWP) + j, rows[i] + base + j);                     \
+            y[ow] = requantize(&r, acc, lo, hi, FAST);                                        \
         }                                                                                     \
     }
-DW_OUTPUT_ROW(dw_row_3x3, 3, 4)
-DW_OUTPUT_ROW(dw_row_5x5, 5, 6)
-DW_OUTPUT_ROW(dw_row_7x7, 7, 8)
-DW_OUTPUT_ROW(dw_row_any, kh, kwp)
+DW_OUTPUT_ROW(dw_row_3x3s1, 3, 4, 1, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_3x3s2, 3, 4, 2, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_5x5s1, 5, 6, 1, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_5x5s2, 5, 6, 2, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_7x7s1, 7, 8, 1, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_7x7s2, 7, 8, 2, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_full, kh, kwp, sw, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_fast, kh, kwp, sw, RQ_FAST)
+DW_OUTPUT_ROW(dw_row_any, kh, kwp, sw, RQ_ANY)
 
 static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
                              const int8_t *x, int8_t *y, int32_t batch, int16_t *scratch,
@@ -434,11 +540,16 @@ static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bp
     int32_t held[BPF_DW_MAX_TAPS];
     int16_t wk[2 * BPF_DW_MAX_TAPS];
     const int16_t *rows[BPF_DW_MAX_TAPS];
-    void (*row)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t, int32_t,
-                int8_t *, const requant_ch *, int32_t, int32_t) = dw_row_any;
-    if (kh == 3 && kw == 3) row = dw_row_3x3;
-    if (kh == 5 && kw == 5) row = dw_row_5x5;
-    if (kh == 7 && kw == 7) row = dw_row_7x7;
+    void (*shaped)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t, int32_t,
+                   int8_t *, const requant_ch *, int32_t, int32_t) = dw_row_full;
+    if (kh == kw && (p->sw == 1 || p->sw == 2) && (kh == 3 || kh == 5 || kh == 7)) {
+        static void (*const shapes[3][2])(const int16_t *const *, int32_t, int32_t,
+                                          const int16_t *, int32_t, int32_t, int8_t *,
+                                          const requant_ch *, int32_t, int32_t) = {
+            {dw_row_3x3s1, dw_row_3x3s2}, {dw_row_5x5s1, dw_row_5x5s2},
+            {dw_row_7x7s1, dw_row_7x7s2}};
+        shaped = shapes[kh / 2 - 1][p->sw - 1];
+    }
     int16_t *zero = scratch + (int64_t)kh * RS;
     for (int32_t i = 0; i < RS; i++) zero[i] = 0;
     for (int32_t n = 0; n < batch; n++)
@@ -446,6 +557,10 @@ static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bp
             const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ihw;
             int8_t *yc = y + (int64_t)n * to->numel + (int64_t)c * ohw;
             requant_ch q = requant_channel(p, c);
+            void (*row)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t,
+                        int32_t, int8_t *, const requant_ch *, int32_t, int32_t) = shaped;
+            int mode = rq_mode(&q, &q, lo, hi);
+            if (mode != RQ_FULL) row = mode == RQ_FAST ? dw_row_fast : dw_row_any;
             for (int32_t i = 0; i < kh; i++) {
                 for (int32_t j = 0; j < kwp; j++)
                     wk[i * kwp + j] = (int16_t)(j < kw ? p->w[(int64_t)c * taps + i * kw + j] : 0);
@@ -483,7 +598,7 @@ static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti
                    const bpf_tensor *to, const int8_t *x, int8_t *y, int32_t batch) {
     int32_t lo = p->np_seed ? -128 : p->qmin, hi = p->np_seed ? 127 : p->qmax;
     if (p->groups == 1 && p->cout >= 2 && m->scratch &&
-        p->cin * p->kh * p->kw * 2 <= m->scratch_elems)
+        p->cin * p->kh * p->kw * (is_pointwise(p) ? 2 : 3) <= m->scratch_elems)
         affine_gemm(p, ti, to, x, y, batch, m->scratch, m->scratch_elems, lo, hi);
     else if (depthwise_fast(p) && m->scratch &&
              (p->kh + 1) * DW_ROW_STRIDE(ti->w + 2 * p->pw) <= m->scratch_elems)
