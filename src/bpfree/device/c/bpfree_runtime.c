@@ -183,7 +183,7 @@ static inline int32_t sat_add(int32_t a, int32_t b) {
  * Other shifts and multipliers take mbqm itself (rshift < 0). */
 typedef struct {
     int32_t mult, shift;
-    int32_t rshift; /* r - 1 >= 1, or -1: use mbqm */
+    int32_t rshift; /* r - 1 >= 1, or -1: not the SMLAL form */
     int32_t high;   /* 2^(r-2) */
 } requant_k;
 
@@ -196,7 +196,7 @@ static inline requant_k requant_of(int32_t mult, int32_t shift) {
     return q;
 }
 
-/* mbqm(x) on the fast path (q.rshift >= 0). */
+/* mbqm(x) in the SMLAL form (q.rshift >= 0). */
 static inline int32_t mbqm_fast(int32_t x, int32_t mult, int32_t high, int32_t rshift) {
     uint32_t lo = ((uint32_t)x & 0x80000000u) | 0x40000000u;
     int32_t hi = high + (x >> 31);
@@ -204,9 +204,15 @@ static inline int32_t mbqm_fast(int32_t x, int32_t mult, int32_t high, int32_t r
     return (int32_t)(t >> 32) >> rshift;
 }
 
-/* mbqm(x, mult, shift) for an int32 x. */
+/* mbqm(x, mult, shift) for an int32 x: the SMLAL form, its r = 1 case (the constant is
+ * 3 2^30 for x >= 0 and 2^30 for x < 0, and no shift is left), a plain rounding (r = 0,
+ * m > 0: no cap), or mbqm itself. */
 static inline int32_t mbqm_k(const requant_k *q, int32_t x) {
     if (q->rshift >= 0) return mbqm_fast(x, q->mult, q->high, q->rshift);
+    if (q->mult > 0 && q->shift == -1)
+        return (int32_t)(((int64_t)x * q->mult + (x < 0 ? 0x40000000LL : 0xC0000000LL)) >> 32);
+    if (q->mult > 0 && q->shift == 0)
+        return (int32_t)(((int64_t)x * q->mult + ((int64_t)1 << 30)) >> 31);
     return (int32_t)mbqm(x, q->mult, q->shift);
 }
 
@@ -214,13 +220,16 @@ static inline int32_t mbqm_k(const requant_k *q, int32_t x) {
 typedef struct {
     requant_k k;
     int32_t bias, zp;
+    int32_t fold; /* the bias can start the accumulator: no partial sum leaves int32 */
 } requant_ch;
 
-static inline requant_ch requant_channel(const bpf_affine *p, int32_t co) {
+/* `red`: the products per output (each |w (x - z_x)| <= 128 * 255). */
+static inline requant_ch requant_channel(const bpf_affine *p, int32_t co, int32_t red) {
     requant_ch q;
     q.k = requant_of(p->mult[co], p->shift[co]);
     q.bias = p->b[co];
     q.zp = p->out_zp;
+    q.fold = (q.bias < 0 ? -(int64_t)q.bias : (int64_t)q.bias) + (int64_t)red * 32640 <= I32_MAX;
     return q;
 }
 
@@ -231,19 +240,18 @@ static inline int32_t clamp_to(int32_t z, int32_t lo, int32_t hi) {
 
 /* clamp(mbqm(sat32(acc + bias)) + zp, -128, 127), then to [lo, hi] (within [-128, 127]).
  * `mode` (a constant where it is inlined): RQ_ANY, or the caller's promise that
- * q->k.rshift >= 0 (RQ_FAST) and also that [lo, hi] is [-128, 127] (RQ_FULL, one SSAT). On
- * the fast path |mbqm| < 2^30, so adding zp cannot overflow and [lo, hi] subsumes the int8
- * clamp. */
+ * q->k.rshift >= 0 and q->fold, and that the accumulator started at the bias (RQ_FAST), and
+ * also that [lo, hi] is [-128, 127] (RQ_FULL, one SSAT). On the fast path |mbqm| < 2^30, so
+ * adding zp cannot overflow and [lo, hi] subsumes the int8 clamp. */
 enum { RQ_ANY = 0, RQ_FAST = 1, RQ_FULL = 2 };
 static inline __attribute__((always_inline)) int8_t requantize(const requant_ch *q, int32_t acc,
                                                                int32_t lo, int32_t hi,
                                                                int mode) {
-    int32_t x = sat_add(acc, q->bias);
     if (mode == RQ_ANY) {
-        int32_t z = clampi(mbqm(x, q->k.mult, q->k.shift) + q->zp, -128, 127);
+        int32_t z = clampi(mbqm(sat_add(acc, q->bias), q->k.mult, q->k.shift) + q->zp, -128, 127);
         return (int8_t)clamp_to(z, lo, hi);
     }
-    int32_t z = mbqm_fast(x, q->k.mult, q->k.high, q->k.rshift) + q->zp;
+    int32_t z = mbqm_fast(acc, q->k.mult, q->k.high, q->k.rshift) + q->zp;
     if (mode == RQ_FAST) return (int8_t)clamp_to(z, lo, hi);
 #if BPF_DSP
     return (int8_t)__ssat(z, 8);
@@ -252,9 +260,12 @@ static inline __attribute__((always_inline)) int8_t requantize(const requant_ch 
 #endif
 }
 
-/* The requantization mode of a channel (pair) clamped to [lo, hi]. */
+/* The requantization mode of a channel (pair) clamped to [lo, hi]; the accumulators start
+ * at acc_init(q, mode). */
+static inline int32_t acc_init(const requant_ch *q, int mode) { return mode ? q->bias : 0; }
+
 static inline int rq_mode(const requant_ch *a, const requant_ch *b, int32_t lo, int32_t hi) {
-    if (a->k.rshift < 0 || b->k.rshift < 0) return RQ_ANY;
+    if (a->k.rshift < 0 || b->k.rshift < 0 || !a->fold || !b->fold) return RQ_ANY;
     return lo == -128 && hi == 127 ? RQ_FULL : RQ_FAST;
 }
 
@@ -356,9 +367,11 @@ static void im2col(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *
 #endif
 }
 
-/* a = {w0.c0, w0.c1, w1.c0, w1.c1}: weight rows w0 and w0 + red by the column pair. */
-static void dot_2x2(const int8_t *w0, const int16_t *pair, int32_t red, int32_t *a) {
-    int32_t a00 = 0, a01 = 0, a10 = 0, a11 = 0, k = 0;
+/* a = init + {w0.c0, w0.c1, w1.c0, w1.c1}: weight rows w0 and w0 + red by the column pair
+ * (init0 for row w0, init1 for row w0 + red). */
+static inline void dot_2x2(const int8_t *w0, const int16_t *pair, int32_t red, int32_t *a,
+                           int32_t init0, int32_t init1) {
+    int32_t a00 = init0, a01 = init0, a10 = init1, a11 = init1, k = 0;
 #if BPF_DSP
     const int16_t *g = pair;
     for (int32_t full = red & ~3; k < full; k += 4, g += 8) {
@@ -411,7 +424,7 @@ static inline __attribute__((always_inline)) void gemm_rows_impl(
     requant_ch r0 = *q0, r1 = *q1;
     for (int32_t j = 0; j < nb; j += 2) {
         int32_t a[4];
-        dot_2x2(w0, cols + (int64_t)j * red, red, a);
+        dot_2x2(w0, cols + (int64_t)j * red, red, a, acc_init(&r0, mode), acc_init(&r1, mode));
         y0[j] = requantize(&r0, a[0], lo, hi, mode);
         y1[j] = requantize(&r1, a[2], lo, hi, mode);
         if (j + 1 < nb) {
@@ -457,7 +470,7 @@ static void affine_gemm(const bpf_affine *p, const bpf_tensor *ti, const bpf_ten
                        tmp);
             for (int32_t co = 0; co < p->cout; co += 2) {
                 int32_t c0 = co + 1 < p->cout ? co : co - 1; /* odd count: redo co - 1 */
-                requant_ch q0 = requant_channel(p, c0), q1 = requant_channel(p, c0 + 1);
+                requant_ch q0 = requant_channel(p, c0, red), q1 = requant_channel(p, c0 + 1, red);
                 static void (*const rows[3])(const int8_t *, const int16_t *, int32_t, int32_t,
                                              const requant_ch *, const requant_ch *, int8_t *,
                                              int8_t *, int32_t, int32_t) = {
@@ -502,7 +515,7 @@ static inline int32_t dw_pair(const int16_t *w, const int16_t *r, int32_t acc) {
         requant_ch r = *q;                                                                    \
         int32_t ow = 0;                                                                       \
         for (; ow + 2 <= count; ow += 2) {                                                    \
-            int32_t acc0 = 0, acc1 = 0, base = ow * (SW);                                     \
+            int32_t acc0 = acc_init(&r, FAST), acc1 = acc0, base = ow * (SW);                 \
             _Pragma("GCC unroll 8") for (int32_t i = 0; i < (KH); i++) {                      \
                 const int16_t *x0 = rows[i] + base, *w = wk + i * (KWP);                      \
                 _Pragma("GCC unroll 4") for (int32_t j = 0; j < (KWP); j += 2) {              \
@@ -514,7 +527,7 @@ static inline int32_t dw_pair(const int16_t *w, const int16_t *r, int32_t acc) {
             y[ow + 1] = requantize(&r, acc1, lo, hi, FAST);                                   \
         }                                                                                     \
         if (ow < count) {                                                                     \
-            int32_t acc = 0, base = ow * (SW);                                                \
+            int32_t acc = acc_init(&r, FAST), base = ow * (SW);                               \
             for (int32_t i = 0; i < (KH); i++)                                                \
                 for (int32_t j = 0; j < (KWP); j += 2)                                        \
                     DW_PAIR(acc, wk + i * (KWP) + j, rows[i] + base + j);                     \
@@ -556,7 +569,7 @@ static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bp
         for (int32_t c = 0; c < p->cout; c++) {
             const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ihw;
             int8_t *yc = y + (int64_t)n * to->numel + (int64_t)c * ohw;
-            requant_ch q = requant_channel(p, c);
+            requant_ch q = requant_channel(p, c, taps);
             void (*row)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t,
                         int32_t, int8_t *, const requant_ch *, int32_t, int32_t) = shaped;
             int mode = rq_mode(&q, &q, lo, hi);
