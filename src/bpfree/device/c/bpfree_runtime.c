@@ -144,6 +144,15 @@ static void affine_reference(const bpf_affine *p, const bpf_tensor *ti, const bp
 #define BPF_DSP 0
 #endif
 
+/* The kernels are integer-only: on the host, GCC compiles them at -O3 whatever the build's
+ * level, so the loops over the reduction vectorize (the generated Makefile and run_c build
+ * with -O2, whose vectorizer takes only loops of known trip counts). */
+#if !BPF_DSP && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+#define BPF_KERNELS_O3 1
+#endif
+
 /* The most taps of a depthwise kernel the fast path takes (7x7 = 49; larger use the loops). */
 #define BPF_DW_MAX_TAPS 64
 
@@ -605,6 +614,10 @@ static int depthwise_fast(const bpf_affine *p) {
     return p->groups == p->cin && p->groups == p->cout && p->dh == 1 && p->dw == 1 &&
            p->kh * p->kw <= BPF_DW_MAX_TAPS;
 }
+
+#ifdef BPF_KERNELS_O3
+#pragma GCC pop_options
+#endif
 
 /* QConv2d / QLinear: the fast kernels where they apply, else affine_reference. */
 static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti,
