@@ -25,13 +25,17 @@ def _memory(full_kb=600.0, sparse_kb=200.0, full_fits=True, sparse_fits=True):
                 "fits": fits, "arena": 150 * KB, "arena_fixed": 10 * KB, "weights": 300 * KB,
                 "largest": {"name": "body.16", "mode": "np", "d_w": 160000, "cout": 1000},
                 "inference": 140 * KB, "analytic": None, "analytic_parts": None,
-                "macs": 10**9, "layers": 3}
+                "macs": 10**9, "layerwise_macs": 95 * 10**7, "layers": 3}
     return {"full": one(full_kb, full_fits), "sparse": one(sparse_kb, sparse_fits)}
 
 
 def _measures(**kw):
-    instructions = {"sparse": {"q1": 2e9, "q2": 3e9, "projected": 51e9, "inference": 4e8,
-                               "exact": kw.get("emu_exact", True)}}
+    per_mac = kw.get("insns_per_mac", 2.5)
+    instructions = {"sparse": {"q1": 2e9, "q2": 3e9, "projected": 51e9,
+                               "inference": per_mac * 1.6e8, "exact": kw.get("emu_exact", True),
+                               "kernels": {"pointwise": 2e8, "depthwise": 1e8},
+                               "kernel_macs": {"pointwise": 1.2e8, "depthwise": 0.4e8},
+                               "batch": 1}}
     host = {"mlp": {"c": 0.01, "sim": kw.get("mlp_sim", 0.02), "exact": True, "steps": 5,
                     "repeats": 3},
             "sparse": {"c": 0.1, "sim": 0.3, "exact": kw.get("host_exact", True), "steps": 1,
@@ -66,11 +70,13 @@ def test_every_claim_holds_when_the_measures_meet_them():
     (_memory(full_fits=False, full_kb=1100), {}, {"device-full-fits-h7b3", "device-full-668"}),
     (_memory(sparse_fits=False, sparse_kb=400), {},
      {"device-sparse-fits-256", "device-sparse-209"}),
+    (None, {"insns_per_mac": 3.2}, {"device-inference-3-insns-per-mac"}),
     (_memory(full_kb=700), {}, {"device-full-668"}),
     (_memory(sparse_kb=210), {}, {"device-sparse-209"}),
     (None, {"host_exact": False}, {"device-host-bit-exact"}),
     (None, {"emu_exact": False}, {"device-emulator-bit-exact"}),
     (None, {"trace_gap": 200}, {"device-counter-trace"}),
+    (None, {"macs_over_floor": 1.2}, {"device-sparse-macs-layerwise"}),
     (None, {"mlp_sim": 0.005}, {"device-host-faster"}),
     # means 91 and 93 with std 1 each over 3 seeds: SE = sqrt(2/3) = 0.82, 2 SE = 1.63 < 2
     (None, {"accuracy": _accuracy(exact=(93.0, 92.0, 94.0))}, {"device-exact-accuracy"}),
@@ -79,6 +85,10 @@ def test_every_claim_holds_when_the_measures_meet_them():
     (None, {"accuracy": _accuracy(before=90.0)}, {"device-exact-learns"}),
 ])
 def test_a_failed_measure_fails_exactly_its_claims(memory, kw, failing):
+    if memory is None and "macs_over_floor" in kw:
+        memory = _memory()
+        memory["sparse"]["macs"] = int(kw.pop("macs_over_floor") * memory["sparse"]
+                                       ["layerwise_macs"])
     verdicts = _ledger(memory, **kw)
     assert {k for k, v in verdicts.items() if not v} == failing
 
@@ -95,6 +105,11 @@ def test_rows_carry_the_papers_figures_for_mcunet():
     rows = device._instruction_rows(instructions)
     latency = next(r for r in rows if r["metric"].startswith("projected step latency"))
     assert latency["value"] == pytest.approx(51e9 / 4e8 * 0.190)
+    at_216 = next(r for r in rows if "216 MHz" in r["metric"])
+    assert at_216["value"] == pytest.approx(51e9 / 216e6)
+    per_mac = {r["metric"]: r["value"] for r in rows if r["table"].startswith("instructions per")}
+    assert per_mac["pointwise: instructions per MAC"] == pytest.approx(2e8 / 1.2e8)
+    assert per_mac["whole inference: instructions per MAC"] == pytest.approx(2.5)
     assert latency["paper"] == pytest.approx(9.939)
 
 

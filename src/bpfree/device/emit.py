@@ -13,7 +13,7 @@ import numpy as np
 
 from ..quant.layers import QLinear
 from .lower import KINDS, Graph, add_constants, gap_constants
-from .plan import ArenaPlan
+from .plan import ArenaPlan, kernel_scratch_elems
 
 
 def _ints(values, per_line: int = 24, suffix: str = "") -> str:
@@ -157,6 +157,8 @@ void bpfree_init(void) {{
     model.states = (uint32_t *)(base + {plan.offset('rng_states')});
     model.node_grad = (int64_t *)(base + {plan.offset('node_grad_channel')});
     model.backup = base + {plan.offset('wp_backup')};
+    model.scratch = (int16_t *)(base + {plan.offset('kernel_scratch')});
+    model.scratch_elems = {kernel_scratch_elems(graph)};
 {gw_rows}
     bpf_reset(&model);
     model.steps = {start_step};

@@ -27,6 +27,8 @@ from ..quant.stages import QInvertedResidual, QMaxPool2d
 #: The most terms a convolution output may sum: the C accumulates w (x - z_x), each at most
 #: 128 * 255 in magnitude, in int32 (65792 * 32640 < 2**31).
 MAX_REDUCTION = 65792
+#: The kernel classes of bpfree_runtime.c's kernel_class(), in its enum's order.
+KERNEL_CLASSES = ("conv", "pointwise", "depthwise", "linear", "pool", "add", "other")
 KINDS = {"affine": 0, "add": 1, "maxpool": 2, "avgpool": 3, "gap": 4, "clamp": 5, "copy": 6}
 SUPPORTED = ("QConv2d (any stride / padding / dilation / groups, incl. depthwise and 1x1)",
              "QLinear", "QInvertedResidual (with QAdd)", "QMaxPool2d", "QAvgPool2d",
@@ -192,3 +194,33 @@ def gap_constants(gap: QGlobalAvgPool2d, count: int) -> list[int]:
         return [gap.input_quant.zero_point, gap.output_quant.zero_point,
                 (gap.multiplier << k) // count, gap.shift - k, 1]
     return [gap.input_quant.zero_point, gap.output_quant.zero_point, gap.multiplier, gap.shift, 0]
+
+
+def kernel_class(graph: Graph, op: Op) -> str:
+    """The runtime's kernel for ``op`` (one of :data:`KERNEL_CLASSES`), as the C dispatches."""
+    if op.kind == "add":
+        return "add"
+    if op.kind in ("maxpool", "avgpool", "gap"):
+        return "pool"
+    if op.kind != "affine":
+        return "other"
+    m = op.module
+    if isinstance(m, QLinear):
+        return "linear"
+    groups, cin, cout = m.groups, m.in_channels, m.out_channels
+    if groups > 1 and groups == cin == cout:
+        return "depthwise"
+    if (groups > 1 or tuple(m.kernel_size) != (1, 1) or tuple(m.stride) != (1, 1)
+            or tuple(m.padding) != (0, 0)):
+        return "conv"
+    t = graph.tensors[op.inputs[0]]
+    return "linear" if t.h * t.w == 1 else "pointwise"
+
+
+def macs_by_kernel(graph: Graph) -> dict[str, int]:
+    """Multiply-accumulates per sample of one forward, per kernel class."""
+    out = dict.fromkeys(KERNEL_CLASSES, 0)
+    for op in graph.affine_ops():
+        w = op.module.weight
+        out[kernel_class(graph, op)] += graph.tensors[op.output].numel * (w.numel() // w.shape[0])
+    return out

@@ -140,19 +140,21 @@ program.elf: model.c bpfree_runtime.c main.c startup.c link.ld
             "Makefile.m7": make}
 
 
-def build_elf(program) -> Path:
+def build_elf(program, *, kernel_counts: bool = False) -> Path:
     """Cross-compile ``program.elf`` (rebuilt when a source is newer); a program that does not
-    fit the linker script's RAM / FLASH raises ``RuntimeError`` naming the overflow."""
+    fit the linker script's RAM / FLASH raises ``RuntimeError`` naming the overflow.
+    ``kernel_counts``: a separate ``program-kernels.elf`` that also counts the timer ticks
+    spent in each kernel class (``BPFREE_KERNEL_COUNTS``, :func:`kernel_instructions`)."""
     require_tools()
     path = program.path
-    elf = path / "build" / "program.elf"
+    elf = path / "build" / ("program-kernels.elf" if kernel_counts else "program.elf")
     sources = [path / n for n in ("model.c", "bpfree_runtime.c", "main.c", "startup.c",
                                   "link.ld", "bpfree_runtime.h", "bpfree_model.h")]
     if elf.exists() and elf.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return elf
     elf.parent.mkdir(exist_ok=True)
     meta = program.meta
-    defs = main_defines(meta, mcu=True)
+    defs = main_defines(meta, mcu=True) + (["-DBPFREE_KERNEL_COUNTS"] if kernel_counts else [])
     tmp = elf.with_suffix(".elf.tmp")
     cmd = [TOOLS["gcc"], *M7_FLAGS, *defs, "--specs=rdimon.specs", "-T", str(path / "link.ld"),
            "-Wl,--gc-sections", "-o", str(tmp),
@@ -283,3 +285,22 @@ def infer_emulated(program, xs: np.ndarray, *, count_instructions: bool = False
         ticks = np.frombuffer((work / "counts.bin").read_bytes(), dtype=np.uint32)
     logits = torch.from_numpy(out.reshape(len(xs), program.meta["classes"]).copy())
     return logits, ([int(t) * INSNS_PER_TICK for t in ticks] if count_instructions else None)
+
+
+def kernel_instructions(program, xs: np.ndarray) -> dict[str, int]:
+    """Executed instructions per kernel class (:data:`~bpfree.device.lower.KERNEL_CLASSES`)
+    over the inference of ``xs`` on the emulated Cortex-M7: the board timer is read around
+    every operator (``-icount shift=0``, :data:`INSNS_PER_TICK` instructions a tick), so each
+    operator's count is exact to within a tick."""
+    from .lower import KERNEL_CLASSES
+
+    elf = build_elf(program, kernel_counts=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        shutil.copy(elf, work / elf.name)
+        head = np.array([len(xs), xs.shape[1]], dtype=np.int32)
+        (work / "infer.bin").write_bytes(head.tobytes() + xs.tobytes())
+        qemu(work / elf.name, ["infer", "infer.bin", "logits.bin", "counts.bin", "kernels.bin"],
+             work, icount=True)
+        ticks = np.frombuffer((work / "kernels.bin").read_bytes(), dtype=np.uint32)
+    return {name: int(t) * INSNS_PER_TICK for name, t in zip(KERNEL_CLASSES, ticks)}

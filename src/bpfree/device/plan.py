@@ -42,6 +42,35 @@ from dataclasses import dataclass
 from .lower import Graph
 
 ALIGN = 8
+#: The im2col block's least size in int16 elements: small reductions get blocks of many
+#: columns, so each output channel's requantization constants are loaded once per block.
+SCRATCH_FLOOR = 1024
+#: bpfree_runtime.c's BPF_DW_MAX_TAPS: larger depthwise kernels take the direct loops.
+DW_MAX_TAPS = 64
+
+
+def kernel_scratch_elems(graph: Graph) -> int:
+    """Int16 elements of the kernels' scratch (``bpf_model.scratch``): two im2col columns of
+    the largest reduction of a groups-1 layer (at least :data:`SCRATCH_FLOOR`), plus one
+    spare column for a non-pointwise one, and the
+    kh + 1 padded rows of every depthwise layer's ring (bpfree_runtime.c's DW_ROW_STRIDE)."""
+    need = 0
+    for op in graph.affine_ops():
+        m = op.module
+        w = m.weight
+        red = w.numel() // w.shape[0]
+        groups = getattr(m, "groups", 1)
+        if groups == 1:  # a convolution's column is also built in a spare column first
+            pointwise = tuple(getattr(m, "kernel_size", (1, 1))) == (1, 1) and \
+                tuple(getattr(m, "stride", (1, 1))) == (1, 1) and \
+                tuple(getattr(m, "padding", (0, 0))) == (0, 0)
+            need = max(need, SCRATCH_FLOOR + (0 if pointwise else red),
+                       (2 if pointwise else 3) * red)
+        elif groups == w.shape[0] == m.in_channels and tuple(m.dilation) == (1, 1) \
+                and red <= DW_MAX_TAPS:
+            t = graph.tensors[op.inputs[0]]
+            need = max(need, (m.kernel_size[0] + 1) * ((t.w + 2 * m.padding[1] + 2) // 2 * 2))
+    return need
 
 
 @dataclass(frozen=True)
@@ -164,6 +193,7 @@ def plan_arena(graph: Graph, trainable: list[TrainableSpec], batch: int, queries
     np_plane = [graph.tensors[graph.ops[t.op].output] for t in trainable if t.mode == "np"]
     static("node_grad_channel", 8 * batch * max((x.h * x.w for x in np_plane), default=0))
     static("wp_backup", max((t.d_w for t in trainable if t.mode == "wp"), default=0))
+    static("kernel_scratch", 2 * kernel_scratch_elems(graph))
     if deferred:
         for t in trainable:
             static(f"gw[{graph.ops[t.op].name}]", 8 * t.d_w)

@@ -70,12 +70,13 @@ static void valid_taps(int32_t o0, int32_t d, int32_t k, int32_t size, int32_t *
     *hi = b < k ? b : k;
 }
 
-/* QConv2d / QLinear (a linear layer is a 1x1 convolution on a 1x1 map). Output elements are
+/* QConv2d / QLinear, direct loops (a linear layer is a 1x1 convolution on a 1x1 map): the
+ * kernel of the layers the fast kernels below do not cover (grouped or dilated ones). Output elements are
  * produced in (n, c, h, w) order, the order of the node perturbation's XORShift32 stream.
  * Padding taps are skipped (they hold the zero point, so they add nothing). The sum of a
  * position's |w (x - z_x)| <= 128 * 255 terms fits int32 when the reduction has at most
  * BPF_MAX_REDUCTION of them, which the exporter checks. */
-static void affine(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
+static void affine_reference(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
                    const int8_t *x, int8_t *y, int32_t batch) {
     uint32_t s = p->np_seed;
     int32_t cin_g = p->cin / p->groups, cout_g = p->cout / p->groups;
@@ -127,10 +128,530 @@ static void affine(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *
     }
 }
 
-/* QAdd: TFLite reference_integer_ops::AddFunc. */
+/* ------------------------------------------------------------------------------------------
+ * Fast int8 kernels, in the style of CMSIS-NN (written here, same arithmetic as the loops
+ * above): convolutions and fully connected layers as an int16 im2col block times the int8
+ * weights, two output channels by two columns at a time (arm_nn_mat_mult_kernel_s8_s16), and
+ * depthwise convolutions over a ring of zero-padded int16 input rows. On a core with the DSP
+ * extension (Cortex-M4/M7: __ARM_FEATURE_DSP) the products are dual 16-bit MACs (SMLAD, via
+ * GCC's ACLE intrinsics); elsewhere the inner loops are plain C that a compiler vectorizes.
+ * Products and sums are the same integers as in affine_reference, so the outputs are equal
+ * bit for bit. */
+#if defined(__ARM_FEATURE_DSP)
+#include <arm_acle.h>
+#define BPF_DSP 1
+#else
+#define BPF_DSP 0
+#endif
+
+/* The kernels are integer-only: on the host, GCC compiles them at -O3 whatever the build's
+ * level, so the loops over the reduction vectorize (the generated Makefile and run_c build
+ * with -O2, whose vectorizer takes only loops of known trip counts). */
+#if !BPF_DSP && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+#define BPF_KERNELS_O3 1
+#endif
+
+/* The most taps of a depthwise kernel the fast path takes (7x7 = 49; larger use the loops). */
+#define BPF_DW_MAX_TAPS 64
+
+static inline uint32_t read_u32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v); /* one (unaligned) LDR on the M7 */
+    return v;
+}
+
+#if BPF_DSP
+/* SXTB16 of x rotated right by 8 bits, one instruction (GCC 12's arm_acle.h has no __ror,
+ * and GCC does not fold a rotate into SXTB16). */
+static inline int32_t sxtb16_ror8(uint32_t x) {
+    int32_t r;
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(x));
+    return r;
+}
+#endif
+
+/* sat32(a + b) of two int32 (QADD). */
+static inline int32_t sat_add(int32_t a, int32_t b) {
+#if BPF_DSP
+    return __qadd(a, b);
+#else
+    int64_t s = (int64_t)a + b;
+    return (int32_t)(s < I32_MIN ? I32_MIN : (s > I32_MAX ? I32_MAX : s));
+#endif
+}
+
+/* One requantization's constants. mbqm(x) with a right shift r in [2, 31] and a positive
+ * multiplier m is one 64-bit multiply-accumulate (SMLAL) and one shift: with T = x m,
+ *   (((T + 2^30) >> 31) + 2^(r-1) - [h < 0]) >> r  ==  (T + 2^30 + 2^(30+r) - [x < 0] 2^31) >> (31+r)
+ * since floor((floor(a / b) + c) / d) = floor((a + c b) / (b d)), and [h < 0] = [T < -2^30]
+ * may be replaced by [T < 0] = [x < 0] (for T in [-2^30, 0) both sides are 0); m > 0 also
+ * keeps h below 2^31, so mbqm's cap never applies. The added constant's words are
+ * (2^(r-2), 2^30) for x >= 0 and (2^(r-2) - 1, 3 2^30) for x < 0: two instructions from x.
+ * Other shifts and multipliers take mbqm itself (rshift < 0). */
+typedef struct {
+    int32_t mult, shift;
+    int32_t rshift; /* r - 1 >= 1, or -1: not the SMLAL form */
+    int32_t high;   /* 2^(r-2) */
+} requant_k;
+
+static inline requant_k requant_of(int32_t mult, int32_t shift) {
+    requant_k q;
+    q.mult = mult;
+    q.shift = shift;
+    q.rshift = mult > 0 && shift <= -2 && shift >= -31 ? -shift - 1 : -1;
+    q.high = q.rshift >= 0 ? (int32_t)1 << (-shift - 2) : 0;
+    return q;
+}
+
+/* mbqm(x) in the SMLAL form (q.rshift >= 0). */
+static inline int32_t mbqm_fast(int32_t x, int32_t mult, int32_t high, int32_t rshift) {
+    uint32_t lo = ((uint32_t)x & 0x80000000u) | 0x40000000u;
+    int32_t hi = high + (x >> 31);
+    int64_t t = (int64_t)(((uint64_t)(uint32_t)hi << 32) | lo) + (int64_t)x * mult;
+    return (int32_t)(t >> 32) >> rshift;
+}
+
+/* mbqm(x, mult, shift) for an int32 x: the SMLAL form, its r = 1 case (the constant is
+ * 3 2^30 for x >= 0 and 2^30 for x < 0, and no shift is left), a plain rounding (r = 0,
+ * m > 0: no cap), or mbqm itself. */
+static inline int32_t mbqm_k(const requant_k *q, int32_t x) {
+    if (q->rshift >= 0) return mbqm_fast(x, q->mult, q->high, q->rshift);
+    if (q->mult > 0 && q->shift == -1)
+        return (int32_t)(((int64_t)x * q->mult + (x < 0 ? 0x40000000LL : 0xC0000000LL)) >> 32);
+    if (q->mult > 0 && q->shift == 0)
+        return (int32_t)(((int64_t)x * q->mult + ((int64_t)1 << 30)) >> 31);
+    return (int32_t)mbqm(x, q->mult, q->shift);
+}
+
+/* An output channel's requantization (affine_reference's, up to the clamp to [lo, hi]). */
+typedef struct {
+    requant_k k;
+    int32_t bias, zp;
+    int32_t fold; /* the bias can start the accumulator: no partial sum leaves int32 */
+} requant_ch;
+
+/* `red`: the products per output (each |w (x - z_x)| <= 128 * 255). */
+static inline requant_ch requant_channel(const bpf_affine *p, int32_t co, int32_t red) {
+    requant_ch q;
+    q.k = requant_of(p->mult[co], p->shift[co]);
+    q.bias = p->b[co];
+    q.zp = p->out_zp;
+    q.fold = (q.bias < 0 ? -(int64_t)q.bias : (int64_t)q.bias) + (int64_t)red * 32640 <= I32_MAX;
+    return q;
+}
+
+static inline int32_t clamp_to(int32_t z, int32_t lo, int32_t hi) {
+    z = z < lo ? lo : z;
+    return z > hi ? hi : z;
+}
+
+/* clamp(mbqm(sat32(acc + bias)) + zp, -128, 127), then to [lo, hi] (within [-128, 127]).
+ * `mode` (a constant where it is inlined): RQ_ANY, or the caller's promise that
+ * q->k.rshift >= 0 and q->fold, and that the accumulator started at the bias (RQ_FAST), and
+ * also that [lo, hi] is [-128, 127] (RQ_FULL, one SSAT). On the fast path |mbqm| < 2^30, so
+ * adding zp cannot overflow and [lo, hi] subsumes the int8 clamp. */
+enum { RQ_ANY = 0, RQ_FAST = 1, RQ_FULL = 2 };
+static inline __attribute__((always_inline)) int8_t requantize(const requant_ch *q, int32_t acc,
+                                                               int32_t lo, int32_t hi,
+                                                               int mode) {
+    if (mode == RQ_ANY) {
+        int32_t z = clampi(mbqm(sat_add(acc, q->bias), q->k.mult, q->k.shift) + q->zp, -128, 127);
+        return (int8_t)clamp_to(z, lo, hi);
+    }
+    int32_t z = mbqm_fast(acc, q->k.mult, q->k.high, q->k.rshift) + q->zp;
+    if (mode == RQ_FAST) return (int8_t)clamp_to(z, lo, hi);
+#if BPF_DSP
+    return (int8_t)__ssat(z, 8);
+#else
+    return (int8_t)clamp_to(z, -128, 127);
+#endif
+}
+
+/* The requantization mode of a channel (pair) clamped to [lo, hi]; the accumulators start
+ * at acc_init(q, mode). */
+static inline int32_t acc_init(const requant_ch *q, int mode) { return mode ? q->bias : 0; }
+
+static inline int rq_mode(const requant_ch *a, const requant_ch *b, int32_t lo, int32_t hi) {
+    if (a->k.rshift < 0 || b->k.rshift < 0 || !a->fold || !b->fold) return RQ_ANY;
+    return lo == -128 && hi == 127 ? RQ_FULL : RQ_FAST;
+}
+
+/* Node perturbation (Eq. 9) after a fast kernel: the kernels clamp to [-128, 127] only, and
+ * this pass adds the Rademacher signs in output order (n, c, h, w), the order of the
+ * XORShift32 stream, then clamps to [qmin, qmax], as affine_reference does per output. */
+static void perturb_nodes(const bpf_affine *p, int8_t *y, int64_t count) {
+    uint32_t s = p->np_seed;
+    for (int64_t i = 0; i < count; i++) {
+        s = xorshift32(s);
+        y[i] = (int8_t)clampi((int64_t)y[i] + RADEMACHER(s), p->qmin, p->qmax);
+    }
+}
+
+/* The im2col block holds its columns in pairs (the last column of an odd block is paired
+ * with a copy of itself). On DSP builds a pair is interleaved by groups of 4 reduction
+ * entries, [c0: k..k+3][c1: k..k+3] ..., then entry by entry for the last red mod 4, and
+ * each group is stored in the order (0, 2, 1, 3): SXTB16 of 4 weights gives entries 0 and
+ * 2, of them rotated by 8 entries 1 and 3, each meeting one 32-bit word of the column
+ * (CMSIS-NN's read_and_pad_reordered); one pointer then walks both columns. Elsewhere the
+ * two columns lie one after the other, for loops a compiler vectorizes. */
+static inline int32_t col_slot(int32_t k, int32_t c, int32_t red) {
+#if BPF_DSP
+    int32_t full = red & ~3;
+    if (k < full) return (k & ~3) * 2 + c * 4 + ((k & 1) << 1) + ((k >> 1) & 1);
+    return full * 2 + (k - full) * 2 + c;
+#else
+    return c * red + k;
+#endif
+}
+
+static int is_pointwise(const bpf_affine *p) {
+    return p->kh * p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0;
+}
+
+/* The column of output position `pos` of a (non-pointwise) convolution in weight order
+ * (ci, i, j): (x - z_x) as int16, 0 at padding taps. */
+static void conv_column(const bpf_affine *p, const bpf_tensor *ti, const int8_t *xn,
+                        int32_t oh, int32_t ow, int16_t *t) {
+    int32_t ih0 = oh * p->sh - p->ph, iw0 = ow * p->sw - p->pw, zp = p->in_zp;
+    int32_t W = ti->w, kw = p->kw, dw = p->dw;
+    int inner = iw0 >= 0 && iw0 + (kw - 1) * dw < W;
+    for (int32_t ci = 0; ci < p->cin; ci++) {
+        const int8_t *xc = xn + (int64_t)ci * ti->h * W;
+        for (int32_t i = 0; i < p->kh; i++) {
+            int32_t ih = ih0 + i * p->dh;
+            if (ih < 0 || ih >= ti->h) {
+                for (int32_t j = 0; j < kw; j++) *t++ = 0;
+                continue;
+            }
+            const int8_t *xr = xc + (int64_t)ih * W + iw0;
+            if (inner)
+                for (int32_t j = 0; j < kw; j++) *t++ = (int16_t)(xr[j * dw] - zp);
+            else
+                for (int32_t j = 0; j < kw; j++) {
+                    int32_t iw = iw0 + j * dw;
+                    *t++ = (int16_t)(iw >= 0 && iw < W ? xr[j * dw] - zp : 0);
+                }
+        }
+    }
+}
+
+/* im2col: the column of output position `pos` of one sample, as entry c of the pair at
+ * `pair` (`tmp`: room for one column, used by DSP builds of non-pointwise layers). */
+static void im2col(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
+                   const int8_t *xn, int32_t pos, int32_t red, int16_t *pair, int32_t c,
+                   int16_t *tmp) {
+    int32_t ihw = ti->h * ti->w, zp = p->in_zp, k = 0;
+#if BPF_DSP
+    int16_t *g = pair + c * 4;
+    int32_t full = red & ~3;
+#endif
+    if (is_pointwise(p)) {
+        const int8_t *xp = xn + pos;
+#if BPF_DSP
+        for (; k < full; k += 4, g += 8) {
+            g[0] = (int16_t)(xp[(int64_t)k * ihw] - zp);
+            g[2] = (int16_t)(xp[(int64_t)(k + 1) * ihw] - zp);
+            g[1] = (int16_t)(xp[(int64_t)(k + 2) * ihw] - zp);
+            g[3] = (int16_t)(xp[(int64_t)(k + 3) * ihw] - zp);
+        }
+#endif
+        for (; k < red; k++) pair[col_slot(k, c, red)] = (int16_t)(xp[(int64_t)k * ihw] - zp);
+        return;
+    }
+#if BPF_DSP
+    conv_column(p, ti, xn, pos / to->w, pos % to->w, tmp);
+    for (; k < full; k += 4, g += 8) {
+        g[0] = tmp[k];
+        g[2] = tmp[k + 1];
+        g[1] = tmp[k + 2];
+        g[3] = tmp[k + 3];
+    }
+    for (; k < red; k++) pair[col_slot(k, c, red)] = tmp[k];
+#else
+    (void)tmp;
+    (void)k;
+    conv_column(p, ti, xn, pos / to->w, pos % to->w, pair + (int64_t)c * red);
+#endif
+}
+
+/* a = init + {w0.c0, w0.c1, w1.c0, w1.c1}: weight rows w0 and w0 + red by the column pair
+ * (init0 for row w0, init1 for row w0 + red). */
+static inline void dot_2x2(const int8_t *w0, const int16_t *pair, int32_t red, int32_t *a,
+                           int32_t init0, int32_t init1) {
+    int32_t a00 = init0, a01 = init0, a10 = init1, a11 = init1, k = 0;
+#if BPF_DSP
+    const int16_t *g = pair;
+    for (int32_t full = red & ~3; k < full; k += 4, g += 8) {
+        uint32_t wa = read_u32(w0 + k);
+        int32_t x02 = (int32_t)read_u32(g), x13 = (int32_t)read_u32(g + 2);
+        int32_t y02 = (int32_t)read_u32(g + 4), y13 = (int32_t)read_u32(g + 6);
+        int32_t w02 = (int32_t)__sxtb16(wa), w13 = sxtb16_ror8(wa);
+        a00 = __smlad(w02, x02, a00);
+        a00 = __smlad(w13, x13, a00);
+        a01 = __smlad(w02, y02, a01);
+        a01 = __smlad(w13, y13, a01);
+        uint32_t wb = read_u32(w0 + red + k);
+        w02 = (int32_t)__sxtb16(wb);
+        w13 = sxtb16_ror8(wb);
+        a10 = __smlad(w02, x02, a10);
+        a10 = __smlad(w13, x13, a10);
+        a11 = __smlad(w02, y02, a11);
+        a11 = __smlad(w13, y13, a11);
+    }
+    for (; k < red; k++, g += 2) {
+        int32_t u = w0[k], v = w0[red + k];
+        a00 += u * g[0];
+        a01 += u * g[1];
+        a10 += v * g[0];
+        a11 += v * g[1];
+    }
+#else
+    const int16_t *c0 = pair, *c1 = pair + red;
+    const int8_t *w1 = w0 + red;
+    for (; k < red; k++) {
+        int32_t u = w0[k], v = w1[k];
+        a00 += u * c0[k];
+        a01 += u * c1[k];
+        a10 += v * c0[k];
+        a11 += v * c1[k];
+    }
+#endif
+    a[0] = a00;
+    a[1] = a01;
+    a[2] = a10;
+    a[3] = a11;
+}
+
+/* Two output channels (rows w0, w0 + red; outputs y0, y1) over an im2col block of nb
+ * columns. Kept out of line, so that its registers are the inner loop's; `mode` is a
+ * constant in each of its two instances. */
+static inline __attribute__((always_inline)) void gemm_rows_impl(
+    const int8_t *w0, const int16_t *cols, int32_t red, int32_t nb, const requant_ch *q0,
+    const requant_ch *q1, int8_t *y0, int8_t *y1, int32_t lo, int32_t hi, int mode) {
+    requant_ch r0 = *q0, r1 = *q1;
+    for (int32_t j = 0; j < nb; j += 2) {
+        int32_t a[4];
+        dot_2x2(w0, cols + (int64_t)j * red, red, a, acc_init(&r0, mode), acc_init(&r1, mode));
+        y0[j] = requantize(&r0, a[0], lo, hi, mode);
+        y1[j] = requantize(&r1, a[2], lo, hi, mode);
+        if (j + 1 < nb) {
+            y0[j + 1] = requantize(&r0, a[1], lo, hi, mode);
+            y1[j + 1] = requantize(&r1, a[3], lo, hi, mode);
+        }
+    }
+}
+
+#define GEMM_ROWS(NAME, MODE)                                                                 \
+    static __attribute__((noinline)) void NAME(const int8_t *w0, const int16_t *cols,         \
+                                                int32_t red, int32_t nb, const requant_ch *q0,  \
+                                                const requant_ch *q1, int8_t *y0, int8_t *y1,  \
+                                                int32_t lo, int32_t hi) {                      \
+        gemm_rows_impl(w0, cols, red, nb, q0, q1, y0, y1, lo, hi, MODE);                       \
+    }
+GEMM_ROWS(gemm_rows_any, RQ_ANY)
+GEMM_ROWS(gemm_rows_fast, RQ_FAST)
+GEMM_ROWS(gemm_rows_full, RQ_FULL)
+
+/* Convolution (groups 1, incl. pointwise) and fully connected: per sample, blocks of output
+ * positions are unrolled into `scratch` (as many column pairs as fit, at least one), then
+ * every pair of output channels runs over the block two columns at a time. With an odd
+ * output channel count (>= 2) the last pair is (cout - 2, cout - 1): one row is computed
+ * twice, to the same values. */
+static void affine_gemm(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
+                        const int8_t *x, int8_t *y, int32_t batch, int16_t *scratch,
+                        int32_t scratch_elems, int32_t lo, int32_t hi) {
+    int32_t red = p->cin * p->kh * p->kw, P = to->h * to->w;
+    int32_t room = is_pointwise(p) ? scratch_elems : scratch_elems - red; /* tmp at the end */
+    int16_t *tmp = scratch + room;
+    int32_t block = room / (2 * red) * 2;
+    if (block > P) block = P;
+    for (int32_t n = 0; n < batch; n++) {
+        const int8_t *xn = x + (int64_t)n * ti->numel;
+        int8_t *yn = y + (int64_t)n * to->numel;
+        for (int32_t p0 = 0; p0 < P; p0 += block) {
+            int32_t nb = P - p0 < block ? P - p0 : block;
+            for (int32_t j = 0; j < nb; j++)
+                im2col(p, ti, to, xn, p0 + j, red, scratch + (int64_t)(j & ~1) * red, j & 1, tmp);
+            if (nb & 1)
+                im2col(p, ti, to, xn, p0 + nb - 1, red, scratch + (int64_t)(nb - 1) * red, 1,
+                       tmp);
+            for (int32_t co = 0; co < p->cout; co += 2) {
+                int32_t c0 = co + 1 < p->cout ? co : co - 1; /* odd count: redo co - 1 */
+                requant_ch q0 = requant_channel(p, c0, red), q1 = requant_channel(p, c0 + 1, red);
+                static void (*const rows[3])(const int8_t *, const int16_t *, int32_t, int32_t,
+                                             const requant_ch *, const requant_ch *, int8_t *,
+                                             int8_t *, int32_t, int32_t) = {
+                    gemm_rows_any, gemm_rows_fast, gemm_rows_full};
+                rows[rq_mode(&q0, &q1, lo, hi)](
+                          p->w + (int64_t)c0 * red, scratch, red, nb, &q0, &q1,
+                          yn + (int64_t)c0 * P + p0, yn + (int64_t)(c0 + 1) * P + p0, lo, hi);
+            }
+        }
+    }
+}
+
+/* Depthwise convolution (dilation 1, at most BPF_DW_MAX_TAPS taps): per channel, input rows
+ * are converted once into a ring of kh zero-padded int16 rows (slot ih mod kh; a last row of
+ * zeros stands for the padding rows), so every output is kh runs of kw taps over contiguous
+ * int16. The weights are copied per channel as int16 rows padded to an even length with a
+ * zero, so each row is a run of tap pairs (SMLAD); the ring's rows are one entry longer
+ * than the padded input, for the pad tap of the last output (times 0). Square 3x3, 5x5 and
+ * 7x7 kernels get unrolled loops. */
+#define DW_ROW_STRIDE(w) (((w) + 2) & ~1)
+
+/* One output row: outputs ow = 0 .. count-1 at input column ow * sw of the kh rows, two
+ * outputs at a time (each weight pair is loaded once for both). Instances with the kernel
+ * shape and stride as constants unroll fully; each has a fast-requantization form, and one
+ * general instance takes any shape and requantization. */
+#define DW_PAIR(acc, w, r) acc = dw_pair(w, r, acc)
+static inline int32_t dw_pair(const int16_t *w, const int16_t *r, int32_t acc) {
+#if BPF_DSP
+    return __smlad((int32_t)read_u32(w), (int32_t)read_u32(r), acc);
+#else
+    return acc + w[0] * r[0] + w[1] * r[1];
+#endif
+}
+#define DW_OUTPUT_ROW(NAME, KH, KWP, SW, FAST)                                                \
+    static __attribute__((noinline)) void NAME(const int16_t *const *rows, int32_t kh,        \
+                                                int32_t kwp, const int16_t *wk, int32_t count, \
+                                                int32_t sw, int8_t *y, const requant_ch *q,   \
+                                                int32_t lo, int32_t hi) {                     \
+        (void)kh;                                                                             \
+        (void)kwp;                                                                            \
+        (void)sw;                                                                             \
+        requant_ch r = *q;                                                                    \
+        int32_t ow = 0;                                                                       \
+        for (; ow + 2 <= count; ow += 2) {                                                    \
+            int32_t acc0 = acc_init(&r, FAST), acc1 = acc0, base = ow * (SW);                 \
+            _Pragma("GCC unroll 8") for (int32_t i = 0; i < (KH); i++) {                      \
+                const int16_t *x0 = rows[i] + base, *w = wk + i * (KWP);                      \
+                _Pragma("GCC unroll 4") for (int32_t j = 0; j < (KWP); j += 2) {              \
+                    DW_PAIR(acc0, w + j, x0 + j);                                             \
+                    DW_PAIR(acc1, w + j, x0 + (SW) + j);                                      \
+                }                                                                             \
+            }                                                                                 \
+            y[ow] = requantize(&r, acc0, lo, hi, FAST);                                       \
+            y[ow + 1] = requantize(&r, acc1, lo, hi, FAST);                                   \
+        }                                                                                     \
+        if (ow < count) {                                                                     \
+            int32_t acc = acc_init(&r, FAST), base = ow * (SW);                               \
+            for (int32_t i = 0; i < (KH); i++)                                                \
+                for (int32_t j = 0; j < (KWP); j += 2)                                        \
+                    DW_PAIR(acc, wk + i * (KWP) + j, rows[i] + base + j);                     \
+            y[ow] = requantize(&r, acc, lo, hi, FAST);                                        \
+        }                                                                                     \
+    }
+DW_OUTPUT_ROW(dw_row_3x3s1, 3, 4, 1, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_3x3s2, 3, 4, 2, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_5x5s1, 5, 6, 1, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_5x5s2, 5, 6, 2, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_7x7s1, 7, 8, 1, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_7x7s2, 7, 8, 2, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_full, kh, kwp, sw, RQ_FULL)
+DW_OUTPUT_ROW(dw_row_fast, kh, kwp, sw, RQ_FAST)
+DW_OUTPUT_ROW(dw_row_any, kh, kwp, sw, RQ_ANY)
+
+static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
+                             const int8_t *x, int8_t *y, int32_t batch, int16_t *scratch,
+                             int32_t lo, int32_t hi) {
+    int32_t kh = p->kh, kw = p->kw, kwp = (kw + 1) & ~1, taps = kh * kw;
+    int32_t W2 = ti->w + 2 * p->pw, RS = DW_ROW_STRIDE(W2);
+    int32_t ihw = ti->h * ti->w, ohw = to->h * to->w, zp = p->in_zp;
+    int32_t held[BPF_DW_MAX_TAPS];
+    int16_t wk[2 * BPF_DW_MAX_TAPS];
+    const int16_t *rows[BPF_DW_MAX_TAPS];
+    void (*shaped)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t, int32_t,
+                   int8_t *, const requant_ch *, int32_t, int32_t) = dw_row_full;
+    if (kh == kw && (p->sw == 1 || p->sw == 2) && (kh == 3 || kh == 5 || kh == 7)) {
+        static void (*const shapes[3][2])(const int16_t *const *, int32_t, int32_t,
+                                          const int16_t *, int32_t, int32_t, int8_t *,
+                                          const requant_ch *, int32_t, int32_t) = {
+            {dw_row_3x3s1, dw_row_3x3s2}, {dw_row_5x5s1, dw_row_5x5s2},
+            {dw_row_7x7s1, dw_row_7x7s2}};
+        shaped = shapes[kh / 2 - 1][p->sw - 1];
+    }
+    int16_t *zero = scratch + (int64_t)kh * RS;
+    for (int32_t i = 0; i < RS; i++) zero[i] = 0;
+    for (int32_t n = 0; n < batch; n++)
+        for (int32_t c = 0; c < p->cout; c++) {
+            const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ihw;
+            int8_t *yc = y + (int64_t)n * to->numel + (int64_t)c * ohw;
+            requant_ch q = requant_channel(p, c, taps);
+            void (*row)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t,
+                        int32_t, int8_t *, const requant_ch *, int32_t, int32_t) = shaped;
+            int mode = rq_mode(&q, &q, lo, hi);
+            if (mode != RQ_FULL) row = mode == RQ_FAST ? dw_row_fast : dw_row_any;
+            for (int32_t i = 0; i < kh; i++) {
+                for (int32_t j = 0; j < kwp; j++)
+                    wk[i * kwp + j] = (int16_t)(j < kw ? p->w[(int64_t)c * taps + i * kw + j] : 0);
+                held[i] = -1;
+            }
+            for (int32_t oh = 0; oh < to->h; oh++) {
+                for (int32_t i = 0; i < kh; i++) {
+                    int32_t ih = oh * p->sh - p->ph + i;
+                    if (ih < 0 || ih >= ti->h) {
+                        rows[i] = zero;
+                        continue;
+                    }
+                    int16_t *r = scratch + (int64_t)(ih % kh) * RS;
+                    if (held[ih % kh] != ih) {
+                        const int8_t *xr = xc + (int64_t)ih * ti->w;
+                        for (int32_t j = 0; j < p->pw; j++) r[j] = 0;
+                        for (int32_t j = 0; j < ti->w; j++) r[p->pw + j] = (int16_t)(xr[j] - zp);
+                        for (int32_t j = p->pw + ti->w; j < RS; j++) r[j] = 0;
+                        held[ih % kh] = ih;
+                    }
+                    rows[i] = r;
+                }
+                row(rows, kh, kwp, wk, to->w, p->sw, yc + oh * to->w, &q, lo, hi);
+            }
+        }
+}
+
+static int depthwise_fast(const bpf_affine *p) {
+    return p->groups == p->cin && p->groups == p->cout && p->dh == 1 && p->dw == 1 &&
+           p->kh * p->kw <= BPF_DW_MAX_TAPS;
+}
+
+#ifdef BPF_KERNELS_O3
+#pragma GCC pop_options
+#endif
+
+/* QConv2d / QLinear: the fast kernels where they apply, else affine_reference. */
+static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti,
+                   const bpf_tensor *to, const int8_t *x, int8_t *y, int32_t batch) {
+    int32_t lo = p->np_seed ? -128 : p->qmin, hi = p->np_seed ? 127 : p->qmax;
+    if (p->groups == 1 && p->cout >= 2 && m->scratch &&
+        p->cin * p->kh * p->kw * (is_pointwise(p) ? 2 : 3) <= m->scratch_elems)
+        affine_gemm(p, ti, to, x, y, batch, m->scratch, m->scratch_elems, lo, hi);
+    else if (depthwise_fast(p) && m->scratch &&
+             (p->kh + 1) * DW_ROW_STRIDE(ti->w + 2 * p->pw) <= m->scratch_elems)
+        affine_depthwise(p, ti, to, x, y, batch, m->scratch, lo, hi);
+    else {
+        affine_reference(p, ti, to, x, y, batch);
+        return;
+    }
+    if (p->np_seed) perturb_nodes(p, y, (int64_t)batch * to->numel);
+}
+
+/* QAdd: TFLite reference_integer_ops::AddFunc. The rescaled inputs fit int32 when the
+ * left shift is at most 22 (|x + offset| <= 255), so the three rescalings take mbqm_k. */
 static void add(const bpf_op *op, const int8_t *a, const int8_t *b, int8_t *y, int64_t count) {
     const int32_t *k = op->a;
     int64_t off1 = k[0], off2 = k[1], scale = (int64_t)1 << k[2];
+    if (k[2] <= 22) {
+        requant_k q1 = requant_of(k[3], k[4]), q2 = requant_of(k[5], k[6]);
+        requant_k qo = requant_of(k[7], k[8]);
+        int32_t o1 = k[0], o2 = k[1], sc = (int32_t)1 << k[2];
+        for (int64_t i = 0; i < count; i++) {
+            int64_t sum = (int64_t)mbqm_k(&q1, (a[i] + o1) * sc) + mbqm_k(&q2, (b[i] + o2) * sc);
+            int64_t h = sum == (int32_t)sum ? mbqm_k(&qo, (int32_t)sum) : mbqm(sum, k[7], k[8]);
+            y[i] = (int8_t)clampi(h + k[9], op->qmin, op->qmax);
+        }
+        return;
+    }
     int64_t m1 = k[3], m2 = k[5], mo = k[7];
     int32_t s1 = k[4], s2 = k[6], so = k[8];
     for (int64_t i = 0; i < count; i++) {
@@ -183,27 +704,54 @@ static void gap(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, co
         }
 }
 
+#ifdef BPFREE_KERNEL_COUNTS
+/* The kernel class of an op (bpfree.device.lower.kernel_class). */
+static int kernel_class(const bpf_model *m, const bpf_op *op) {
+    if (op->kind == OP_ADD) return K_ADD;
+    if (op->kind == OP_MAXPOOL || op->kind == OP_AVGPOOL || op->kind == OP_GAP) return K_POOL;
+    if (op->kind != OP_AFFINE) return K_OTHER;
+    const bpf_affine *p = &m->affine[op->param];
+    const bpf_tensor *ti = &m->tensors[op->in];
+    if (p->groups > 1 && p->groups == p->cin && p->groups == p->cout) return K_DEPTHWISE;
+    if (p->groups > 1 || p->kh * p->kw > 1 || p->sh * p->sw > 1 || p->ph || p->pw)
+        return K_CONV;
+    return ti->h * ti->w == 1 ? K_LINEAR : K_POINTWISE;
+}
+
+uint32_t BPFREE_COUNTER(void);
+uint32_t bpf_kernel_ticks[K_CLASSES];
+#endif
+
+static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, int32_t batch) {
+    const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
+    const int8_t *x = tensor_at(m, op->in, placement);
+    int8_t *y = tensor_at(m, op->out, placement);
+    int64_t count = (int64_t)batch * to->numel;
+    switch (op->kind) {
+    case OP_AFFINE: affine(m, &m->affine[op->param], ti, to, x, y, batch); break;
+    case OP_ADD: add(op, x, tensor_at(m, op->in2, placement), y, count); break;
+    case OP_MAXPOOL:
+    case OP_AVGPOOL: pool(op, ti, to, x, y, batch); break;
+    case OP_GAP: gap(op, ti, to, x, y, batch); break;
+    case OP_CLAMP:
+        for (int64_t i = 0; i < count; i++) y[i] = (int8_t)clampi(x[i], op->qmin, op->qmax);
+        break;
+    default: memmove(y, x, (size_t)count); break;
+    }
+}
+
 /* Runs ops[first_op:end_op] on `batch` samples. placement NULL: a clean pass (every tensor at
  * its `off`); else a perturbed pass with the tensors where `placement` puts them. */
 void bpf_forward(bpf_model *m, int32_t first_op, int32_t end_op, const uint32_t *placement,
                  int32_t batch) {
     for (int32_t k = first_op; k < end_op; k++) {
-        const bpf_op *op = &m->ops[k];
-        const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
-        const int8_t *x = tensor_at(m, op->in, placement);
-        int8_t *y = tensor_at(m, op->out, placement);
-        int64_t count = (int64_t)batch * to->numel;
-        switch (op->kind) {
-        case OP_AFFINE: affine(&m->affine[op->param], ti, to, x, y, batch); break;
-        case OP_ADD: add(op, x, tensor_at(m, op->in2, placement), y, count); break;
-        case OP_MAXPOOL:
-        case OP_AVGPOOL: pool(op, ti, to, x, y, batch); break;
-        case OP_GAP: gap(op, ti, to, x, y, batch); break;
-        case OP_CLAMP:
-            for (int64_t i = 0; i < count; i++) y[i] = (int8_t)clampi(x[i], op->qmin, op->qmax);
-            break;
-        default: memmove(y, x, (size_t)count); break;
-        }
+#ifdef BPFREE_KERNEL_COUNTS
+        uint32_t before = BPFREE_COUNTER();
+        run_op(m, &m->ops[k], placement, batch);
+        bpf_kernel_ticks[kernel_class(m, &m->ops[k])] += before - BPFREE_COUNTER();
+#else
+        run_op(m, &m->ops[k], placement, batch);
+#endif
     }
 }
 

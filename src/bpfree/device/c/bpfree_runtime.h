@@ -8,6 +8,9 @@
 enum { OP_AFFINE = 0, OP_ADD = 1, OP_MAXPOOL = 2, OP_AVGPOOL = 3, OP_GAP = 4, OP_CLAMP = 5,
        OP_COPY = 6 };
 enum { MODE_WP = 0, MODE_NP = 1 };
+/* Kernel classes of the per-kernel instruction counts (BPFREE_KERNEL_COUNTS). */
+enum { K_CONV = 0, K_POINTWISE = 1, K_DEPTHWISE = 2, K_LINEAR = 3, K_POOL = 4, K_ADD = 5,
+       K_OTHER = 6, K_CLASSES = 7 };
 
 /* An int8 tensor in the arena: NCHW, `numel` elements per sample. `off` is where the clean
  * forward and the stage passes write it; a perturbed partial forward writes it where its
@@ -64,6 +67,8 @@ typedef struct {
     int64_t *node_grad;    /* one output channel of the regenerated node gradient (NP) */
     int8_t *backup;
     int64_t steps;
+    int16_t *scratch;      /* the kernels' im2col columns / depthwise rows (bpfree.device.plan) */
+    int32_t scratch_elems;
 } bpf_model;
 
 uint32_t bpf_derive_seed(uint64_t base, int count, const uint64_t *indices);
@@ -74,4 +79,8 @@ void bpf_forward(bpf_model *m, int32_t first_op, int32_t end_op, const uint32_t 
 int bpf_step(bpf_model *m, const int8_t *x, const int32_t *y, int32_t n, double lr,
              int64_t *loss_sum);
 void bpf_reset(bpf_model *m);
+#ifdef BPFREE_KERNEL_COUNTS
+/* Counter ticks spent in each kernel class since start-up (bpf_forward). */
+extern uint32_t bpf_kernel_ticks[K_CLASSES];
+#endif
 #endif

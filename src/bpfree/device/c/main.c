@@ -8,10 +8,14 @@
  * infer.bin: int32 n, numel; int8 x[n * numel]
  * With BPFREE_COUNTER defined (the emulated MCU), each step's (or inference call's) count of
  * that counter is written to the file named by the last argument (train: the fifth, infer:
- * the third). */
+ * the third). Built with BPFREE_KERNEL_COUNTS too, `infer` writes the ticks spent in each
+ * kernel class (bpf_kernel_ticks, uint32 each) to the file named by a fourth argument. */
 #include <stdio.h>
 #include <string.h>
 #include "bpfree_model.h"
+#ifdef BPFREE_KERNEL_COUNTS
+#include "bpfree_runtime.h"
+#endif
 
 #ifndef BPFREE_MAX_SAMPLES
 #define BPFREE_MAX_SAMPLES 256
@@ -126,7 +130,8 @@ static int train(const char *in_path, const char *out_path, const char *count_pa
     return 0 * fclose(o);
 }
 
-static int infer(const char *in_path, const char *out_path, const char *count_path) {
+static int infer(const char *in_path, const char *out_path, const char *count_path,
+                 const char *kernel_path) {
     FILE *f = fopen(in_path, "rb");
     if (!f) return fail("cannot open the inference file");
     int32_t head[2];
@@ -149,6 +154,13 @@ static int infer(const char *in_path, const char *out_path, const char *count_pa
     }
     fclose(f);
     if (c) fclose(c);
+#ifdef BPFREE_KERNEL_COUNTS
+    FILE *k = kernel_path ? fopen(kernel_path, "wb") : NULL;
+    if (kernel_path && !k) return fail("cannot open the kernel count file");
+    if (k) fclose((fwrite(bpf_kernel_ticks, sizeof bpf_kernel_ticks, 1, k), k));
+#else
+    (void)kernel_path;
+#endif
     return 0 * fclose(o);
 }
 
@@ -156,7 +168,7 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "train";
     if (!strcmp(mode, "infer"))
         return infer(argc > 2 ? argv[2] : "infer.bin", argc > 3 ? argv[3] : "logits.bin",
-                     argc > 4 ? argv[4] : NULL);
+                     argc > 4 ? argv[4] : NULL, argc > 5 ? argv[5] : NULL);
     int rc = train(argc > 2 ? argv[2] : "train.bin", argc > 3 ? argv[3] : "losses.bin",
                    argc > 5 ? argv[5] : NULL);
     if (rc) return rc;
