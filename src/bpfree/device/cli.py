@@ -13,6 +13,7 @@ from ..data import load_digits_split
 from ..data.idx import load_mnist
 from ..io import write_json
 from ..models import digits_mlp, mcunet_in1, mnist_cnn
+from ..models.mcunet import load_quantized
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import block, split_blocks
 from ..quant import quantize_model
@@ -30,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         description="Write a self-contained C99 project that trains the model "
                                     "with PMT (device-exact arithmetic).")
     ex.add_argument("--model", required=True,
-                    help=f"one of {', '.join(MODELS)}, or the path of a torch-saved "
-                         "QuantizedModel (.pt)")
+                    help=f"one of {', '.join(MODELS)}, a model folder (graph.json + "
+                         "weights.npz, the format of the bundled MCUNet-in1), or the path of a "
+                         "torch-saved QuantizedModel (.pt)")
     ex.add_argument("--target", default="host", choices=["host", "cortex-m7"],
                     help="host: system C compiler; cortex-m7: arm-none-eabi + QEMU mps2-an500")
     ex.add_argument("--out", required=True, help="project directory to create (must not exist)")
@@ -84,8 +86,12 @@ def build_model(name: str):
         rng = (0.0, 1.0)
         return quantize_model(builder().eval(), x, input_range=rng), x[:1]
     path = Path(name)
+    if path.is_dir():  # graph.json + weights.npz, as bpfree.models.mcunet reads them
+        model = load_quantized(path)
+        return model, torch.zeros(1, *model.sample_shape, dtype=torch.int8)
     if not path.is_file():
-        raise ValueError(f"--model must be one of {MODELS} or an existing .pt file, got {name!r}")
+        raise ValueError(f"--model must be one of {MODELS}, a model folder (graph.json + "
+                         f"weights.npz) or an existing .pt file, got {name!r}")
     model = torch.load(path, weights_only=False)
     shape = getattr(model, "sample_shape", None)
     if shape is None:
