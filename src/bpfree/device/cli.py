@@ -12,6 +12,7 @@ import torch
 from ..data import load_digits_split
 from ..data.idx import load_mnist
 from ..io import write_json
+from ..memory_cli import DEFAULT_BATCH_QUERIES
 from ..models import digits_mlp, mcunet_in1, mnist_cnn
 from ..models.mcunet import load_quantized
 from ..pmt import PMTConfig, PMTTrainer
@@ -43,8 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="with --sparse: the block to train (default 4, the last; PMT §4.4 "
                          "trains block 3, whose MCUNet-in1 program fits 320 KiB)")
     ex.add_argument("--seed", type=int, default=1, help="perturbation seed (>= 1)")
-    ex.add_argument("--queries", type=int, default=2, help="queries Q per layer and step")
-    ex.add_argument("--batch-size", type=int, default=8, help="largest batch the arena holds")
+    ex.add_argument("--queries", type=int,
+                    help="queries Q per layer and step (default: 50 for mcunet-in1, PMT Tables "
+                         "8-9, as `bpfree memory`; else 2)")
+    ex.add_argument("--batch-size", type=int,
+                    help="largest batch the arena holds (default: 1 for mcunet-in1, PMT Tables "
+                         "8-9; else 8)")
     ex.add_argument("--max-samples", type=int, default=256,
                     help="most training samples main.c reads")
     ex.add_argument("--sram-kib", type=int, help="MCU SRAM (cortex-m7; default 1024)")
@@ -101,6 +106,13 @@ def build_model(name: str):
 
 
 def _export(args) -> int:
+    # (batch, Q): the paper's for MCUNet-in1 (PMT Tables 8-9), the same as `bpfree memory`'s
+    batch, queries = DEFAULT_BATCH_QUERIES.get(args.model, (8, 2))
+    args.batch_size = batch if args.batch_size is None else args.batch_size
+    args.queries = queries if args.queries is None else args.queries
+    for name in ("batch_size", "queries"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     model, example = build_model(args.model)
     config = PMTConfig(queries=args.queries, seed=args.seed, device_exact=True)
     trainable = None
@@ -113,7 +125,8 @@ def _export(args) -> int:
                        max_samples=args.max_samples,
                        model_name=args.model if args.model in MODELS else None)
     print(f"wrote {program.path} ({args.target}, {len(program.meta['trainable'])} trainable "
-          f"layers, arena {program.meta['arena_bytes']} bytes)")
+          f"layers, Q={args.queries}, batch {args.batch_size}, arena "
+          f"{program.meta['arena_bytes']} bytes)")
     return 0
 
 
