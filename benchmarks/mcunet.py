@@ -1,7 +1,7 @@
 """BP-free transfer learning of the real INT8 MCUNet-in1 (ImageNet) to Fashion-MNIST and MNIST.
 
 PMT §4.3 (Table 9, sparse BP-free training on the MCU) on the real imported model
-(``../shared/models/mcunet-in1-int8``, :func:`bpfree.models.mcunet.mcunet_in1`) instead of a
+(the copy bundled with bpfree, :func:`bpfree.models.mcunet.mcunet_in1`) instead of a
 small CNN: the 160 -> 1000 ImageNet classifier is replaced by a 10-class int8 head initialised
 from the frozen backbone's pooled features (:func:`_mcunet_transfer.init_head`), digits are
 upsampled to 128x128 and replicated to 3 channels, and every method trains a copy of that

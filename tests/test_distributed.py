@@ -20,7 +20,6 @@ from bpfree.distributed.launch import FleetError, launch
 from bpfree.distributed.projection import mcunet_in1_dimensions, projection_table, step_bytes
 from bpfree.estimators import rge, sign_spsa
 from bpfree.models import digits_mlp
-from bpfree.models.mcunet.graph import default_model_dir
 from bpfree.objective import Objective
 from bpfree.optim import ZOOptimizer
 from bpfree.pmt import PMTConfig, PMTTrainer
@@ -196,13 +195,6 @@ def test_zo_refuses_estimators_that_are_not_scalar_queries():
         DataParallelZO(opt)
 
 
-_NEEDS_MCUNET = pytest.mark.skipif(
-    not (default_model_dir() / "graph.json").is_file(),
-    reason=f"MCUNet-in1 files not found at {default_model_dir()} (set BPFREE_MODELS): the "
-           "projection reads its graph.json")
-
-
-@_NEEDS_MCUNET
 def test_projection_table_from_model_definitions():
     d, layers = mcunet_in1_dimensions()
     assert layers == 42 and 0.45e6 < d < 0.48e6  # the "0.46 M values"
@@ -234,7 +226,6 @@ def test_a_dead_worker_stops_the_others_with_a_clear_error(tiny):
     assert time.monotonic() - start < 900
 
 
-@_NEEDS_MCUNET
 def test_fleet_doc_table_is_the_generated_one():
     from pathlib import Path
 

@@ -199,3 +199,86 @@ def test_fit_option_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fit(_Recorder(), torch.zeros(2, 1), torch.zeros(2), epochs=1, batch_size=1, lr=0.1,
             **kwargs)
+
+
+class _Seen(_Recorder):
+    """Records the batches themselves."""
+
+    def step(self, x, y, lr):
+        self.batches = getattr(self, "batches", []) + [(x.clone(), y.clone())]
+        return super().step(x, y, lr)
+
+
+def test_fit_on_a_dataloader_steps_through_its_batches_with_the_same_rates():
+    """fit(method, loader): each epoch is one pass over the loader, in its order; the
+    schedule, counts and history are those of the tensor path with the same batch sizes."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = torch.arange(20.0).view(10, 2), torch.arange(10)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4)            # 4, 4, 2; not shuffled
+    m = _Seen()
+    hist = fit(m, loader, epochs=2, lr=0.5)
+    assert [b[1].tolist() for b in m.batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 2
+    reference = fit(_Recorder(), x, y, epochs=2, batch_size=4, lr=0.5)
+    assert hist.lr == reference.lr and hist.forwards == reference.forwards
+    assert hist.epoch_loss == reference.epoch_loss
+    # a plain list of pairs is a loader too; max_steps_per_epoch truncates each pass
+    pairs = [(x[:3], y[:3]), (x[3:], y[3:])]
+    m = _Seen()
+    fit(m, pairs, epochs=3, lr=0.1, max_steps_per_epoch=1, schedule="constant")
+    assert [b[1].tolist() for b in m.batches] == [[0, 1, 2]] * 3
+
+
+def test_fit_loader_errors_name_the_problem():
+    x, y = torch.zeros(4, 2), torch.zeros(4)
+    with pytest.raises(ValueError, match=r"each batch must be an \(x, y\) pair"):
+        fit(_Recorder(), [x], epochs=1, lr=0.1)
+    with pytest.raises(ValueError, match="gave no batch in epoch 1"):
+        fit(_Recorder(), iter([(x, y)]), epochs=2, lr=0.1, schedule="constant")
+    with pytest.raises(ValueError, match="cosine schedule needs the number of batches"):
+        fit(_Recorder(), iter([(x, y)]), epochs=1, lr=0.1)
+    with pytest.raises(ValueError, match="y must be None"):
+        fit(_Recorder(), [(x, y)], y, epochs=1, lr=0.1)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        fit(_Recorder(), x, y, epochs=1, lr=0.1)
+    with pytest.raises(ValueError, match="same non-zero number of samples"):
+        fit(_Recorder(), [(x, y[:3])], epochs=1, lr=0.1)
+    with pytest.raises(ValueError, match="epochs must be an int >= 1"):
+        fit(_Recorder(), [(x, y)], epochs=0, lr=0.1)
+
+
+def test_history_plot_draws_the_recorded_curves(tmp_path):
+    m = _RateModel(good=0.1, bad=10.0)
+    m.forwards = 0
+    hist = fit(m, torch.zeros(8, 1), torch.ones(8, dtype=torch.long), epochs=3, batch_size=4,
+               lr=0.5, x_val=torch.zeros(4, 1), y_val=torch.ones(4, dtype=torch.long),
+               keep_best=True)
+    fig = hist.plot(tmp_path / "sub" / "h.png")
+    assert (tmp_path / "sub" / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loss_ax, lr_ax, val_ax = fig.axes
+    assert list(loss_ax.lines[0].get_ydata()) == hist.loss
+    assert list(lr_ax.lines[0].get_ydata()) == hist.lr
+    assert list(val_ax.lines[0].get_ydata()) == hist.val_acc == [100.0] * 3
+
+
+def test_progress_shows_on_a_terminal_only_unless_asked(monkeypatch):
+    import io
+    import sys
+
+    from bpfree.progress import show_progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not show_progress() and show_progress(True) and show_progress("title")
+    monkeypatch.setattr(sys, "stderr", Tty())
+    assert show_progress() and not show_progress(quiet=True) and not show_progress(False)
+    assert not show_progress("title", quiet=True)
+    fit(_Recorder(), torch.zeros(4, 1), torch.zeros(4), epochs=1, batch_size=2, lr=0.1)
+    assert "train" in sys.stderr.getvalue()              # the default bar, on a terminal
+    monkeypatch.setattr(sys, "stderr", Tty())
+    fit(_Recorder(), torch.zeros(4, 1), torch.zeros(4), epochs=1, batch_size=2, lr=0.1,
+        quiet=True)
+    assert sys.stderr.getvalue() == ""

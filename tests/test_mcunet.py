@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 
 import numpy as np
@@ -10,6 +12,8 @@ import pytest
 import torch
 
 from bpfree.models.mcunet import (
+    BUNDLED_MODEL_DIR,
+    CHECKSUMS_FILE,
     ModelFormatError,
     compare_requant,
     default_model_dir,
@@ -19,9 +23,6 @@ from bpfree.models.mcunet import (
 )
 
 MODEL_DIR = default_model_dir()
-pytestmark = pytest.mark.skipif(
-    not (MODEL_DIR / "graph.json").is_file(),
-    reason=f"MCUNet-in1 files not found at {MODEL_DIR} (set BPFREE_MODELS)")
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +39,50 @@ def photos():
 # ------------------------------------------------------------------------------ loader errors
 
 
-def _copy(tmp_path):
+def _copy(tmp_path, *, checksums=False):
+    """A writable copy of the model folder; without its SHA256SUMS unless ``checksums`` (an
+    edited copy is a new model, which the checksums would refuse first)."""
     folder = tmp_path / "m"
     shutil.copytree(MODEL_DIR, folder)
     for f in folder.iterdir():
         f.chmod(0o644)
+    if not checksums:
+        (folder / CHECKSUMS_FILE).unlink(missing_ok=True)
     return folder
+
+
+def test_bundled_model_carries_license_citation_and_checksums():
+    """The package data: MIT notice, the MANIFEST's source and citation, and SHA256SUMS that
+    agree with the MANIFEST's md5 sums of the same files."""
+    folder = BUNDLED_MODEL_DIR
+    assert "MIT License" in (folder / "LICENSE").read_text()
+    assert "Copyright (c) 2022 MIT HAN Lab" in (folder / "LICENSE").read_text()
+    manifest = (folder / "MANIFEST.txt").read_text()
+    assert "MCUNet: Tiny Deep Learning on IoT Devices" in manifest
+    md5 = dict(re.findall(r"(graph\.json|weights\.npz) ([0-9a-f]{32})", manifest))
+    assert set(md5) == {"graph.json", "weights.npz"}
+    for name, digest in md5.items():
+        assert hashlib.md5((folder / name).read_bytes()).hexdigest() == digest
+    listed = (folder / CHECKSUMS_FILE).read_text().split()
+    assert listed[1::2] == ["graph.json", "weights.npz"]
+    for digest, name in zip(listed[::2], listed[1::2]):
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+
+
+def test_damaged_file_fails_its_checksum_naming_it(tmp_path):
+    folder = _copy(tmp_path, checksums=True)
+    load_graph(folder)  # intact copy: the checksums pass
+    data = bytearray((folder / "weights.npz").read_bytes())
+    data[-100] ^= 1  # one bit, in the zip's central directory
+    (folder / "weights.npz").write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError, match=r"weights\.npz does not match its checksum"):
+        mcunet_in1(folder)
+    (folder / CHECKSUMS_FILE).write_text("abc  graph.json\n")
+    with pytest.raises(ModelFormatError, match=r"SHA256SUMS:1: expected"):
+        load_graph(folder)
+    (folder / CHECKSUMS_FILE).write_text("0" * 64 + "  ../graph.json\n")
+    with pytest.raises(ModelFormatError, match=r"SHA256SUMS:1: expected"):
+        load_graph(folder)
 
 
 def test_missing_folder_and_file(tmp_path):
@@ -302,3 +341,17 @@ def test_memory_cli_defaults_to_the_papers_setting_for_mcunet(tmp_path, capsys):
                  "--json", str(path)]) == 0
     (row,) = json.loads(path.read_text())
     assert (row["batch_size"], row["num_queries"]) == (4, 50)
+
+
+def test_device_export_takes_a_model_folder(tmp_path, model):
+    """`bpfree device export --model DIR`: a graph.json + weights.npz folder loads as the
+    same integer model as the built-in name, with its input shape from graph.json."""
+    from bpfree.device.cli import build_model
+
+    folder = _copy(tmp_path)
+    loaded, example = build_model(str(folder))
+    assert example.shape == (1, 3, 128, 128) and example.dtype == torch.int8
+    x = torch.randint(-128, 128, (2, 3, 128, 128), dtype=torch.int8)
+    assert torch.equal(loaded.forward_int(x), model.forward_int(x))
+    with pytest.raises(ValueError, match="a model folder"):
+        build_model(str(tmp_path / "nowhere"))

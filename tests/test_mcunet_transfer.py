@@ -10,10 +10,7 @@ from bpfree.models.mcunet import default_model_dir
 from _mcunet_transfer import (HEAD, TransferSetup, backbone_features, float_names,
                                  head_model, init_head, prepare_images, with_head)
 
-MODEL_DIR = default_model_dir()  # $BPFREE_MODELS or ../shared/models
-needs_model = pytest.mark.skipif(not (MODEL_DIR / "graph.json").exists(),
-                                 reason=f"MCUNet-in1 int8 model not found at {MODEL_DIR} "
-                                        "(set BPFREE_MODELS)")
+MODEL_DIR = default_model_dir()  # $BPFREE_MODELS, else the copy bundled with bpfree
 
 
 def test_prepare_images_shape_and_offset():
@@ -42,7 +39,6 @@ def base():
     return mcunet_in1(MODEL_DIR)
 
 
-@needs_model
 @pytest.mark.parametrize("method", ["lsq", "means"])
 def test_head_init_fits_separable_features(base, method):
     feat_q = base.stage_quants[-2]
@@ -57,7 +53,6 @@ def test_head_init_fits_separable_features(base, method):
     assert acc == 1.0, info
 
 
-@needs_model
 def test_with_head_pmt_step_and_names(base):
     from bpfree.models.mcunet import mcunet_in1_float
     from bpfree.pmt import PMTConfig, PMTTrainer
@@ -116,7 +111,6 @@ def test_benchmark_module_loads():
     assert mod._setup(True).train_images <= 500
 
 
-@needs_model
 def test_float_graph_follows_the_int8_model(base):
     from _mcunet_transfer import float_graph
     from bpfree.quant.twin import float_twin
@@ -137,7 +131,6 @@ def test_float_graph_follows_the_int8_model(base):
     assert corr(clamped) > 0.9 and corr(clamped) > corr(plain)
 
 
-@needs_model
 def test_selection_holdout_is_unseen_by_the_head(monkeypatch):
     """Block selection scores trials on a held-out fifth of the training images; the head the
     trials start from must be fitted on the other four fifths only (a head fitted on all

@@ -214,10 +214,17 @@ def test_truncated_and_corrupt_files_raise_a_clear_error(tmp_path):
 # ------------------------------------------------- graphs bpfree's writer does not produce
 
 
-def converter_style_file(seed: int = 0) -> bytes:
+#: The converter's names for a Keras model's input ``x`` and output under ``serving_default``.
+SIGNED_INPUT, SIGNED_OUTPUT = "serving_default_x:0", "StatefulPartitionedCall_1:0"
+
+
+def converter_style_file(seed: int = 0, *, signed: bool = False) -> bytes:
     """A graph like the TFLite converter's: float QUANTIZE / DEQUANTIZE edges, asymmetric SAME
     padding (stride 2 on an even size), per-tensor weights, a depth multiplier of 2, a residual
-    ADD with its inputs in the other order, average and max pooling, a standalone PAD."""
+    ADD with its inputs in the other order, average and max pooling, a standalone PAD. With
+    ``signed``, also the converter's interface: the tensor names :data:`SIGNED_INPUT` /
+    :data:`SIGNED_OUTPUT`, a ``serving_default`` signature (``x`` -> ``output_0``) and a
+    ``min_runtime_version`` metadata entry."""
     from bpfree.tflite.writer import _options, _Tensor
 
     rng = np.random.default_rng(seed)
@@ -234,7 +241,7 @@ def converter_style_file(seed: int = 0) -> bytes:
         b = rng.integers(-2000, 2000, n).astype("<i4")
         return g.const(b, T.INT32, name, tuple(s_in * s for s in scales), (0,) * n)
 
-    x = g.tensor(_Tensor((1, 8, 8, 3), T.FLOAT32, "image"))
+    x = g.tensor(_Tensor((1, 8, 8, 3), T.FLOAT32, SIGNED_INPUT if signed else "image"))
     q0 = g.activation((1, 8, 8, 3), q[0], "q0")
     g.ops.append(_Op(O.QUANTIZE, [x], [q0], B.QuantizeOptions, _options("QuantizeOptions")))
     s1 = [0.01]  # per-tensor
@@ -278,10 +285,13 @@ def converter_style_file(seed: int = 0) -> bytes:
     g.ops.append(_Op(O.FULLY_CONNECTED, [r8, weights((5, 48), s9, 0, "w9"),
                                          bias(5, q[4].scale, s9 * 5, "b9")], [f9],
                      B.FullyConnectedOptions, _options("FullyConnectedOptions")))
-    y = g.tensor(_Tensor((1, 5), T.FLOAT32, "logits"))
+    y = g.tensor(_Tensor((1, 5), T.FLOAT32, SIGNED_OUTPUT if signed else "logits"))
     g.ops.append(_Op(O.DEQUANTIZE, [f9], [y], B.DequantizeOptions,
                      _options("DequantizeOptions")))
-    return _serialize(g, x, y)
+    if not signed:
+        return _serialize(g, x, y)
+    return _serialize(g, x, y, signature=("serving_default", {"x": x}, {"output_0": y}),
+                      metadata={"min_runtime_version": b"1.14.0".ljust(16, b"\0")})
 
 
 def depthwise_file(padding: str, size: int = 8, channels: int = 4, seed: int = 0) -> bytes:

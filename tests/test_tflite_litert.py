@@ -73,10 +73,8 @@ def test_mcunet_in1_in_litert_gives_bpfree_classify_logits(tmp_path):
     ``bpfree classify`` run with LiteRT's kernel rules (the TFLite Micro rules of the default
     model differ in the MEAN and the classifier, on up to 18% of the logits by a few units)."""
     from bpfree.classify import classify, sample_image
-    from bpfree.models.mcunet import default_model_dir, mcunet_in1, preprocess_image
+    from bpfree.models.mcunet import mcunet_in1, preprocess_image
 
-    if not (default_model_dir() / "graph.json").is_file():
-        pytest.skip(f"MCUNet-in1 files not found in {default_model_dir()} (set BPFREE_MODELS)")
     pytest.importorskip("skimage.data", reason="scikit-image provides the sample photos")
     model = mcunet_in1()
     assert bt.use_litert_kernels(model) == 2  # the classifier and the global pooling

@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use one of scikit-image's bundled photos instead of a file")
     parser.add_argument("--model-dir", metavar="DIR",
                         help="folder with graph.json + weights.npz (default: $BPFREE_MODELS/"
-                             "mcunet-in1-int8 or ../shared/models/mcunet-in1-int8)")
+                             "mcunet-in1-int8, else the copy bundled with bpfree)")
     parser.add_argument("--requant", choices=("tflite", "float"), default="tflite",
                         help="requantization rule: TFLite fixed point, or the model's own float "
                              "scale with round half to even")

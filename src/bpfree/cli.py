@@ -88,6 +88,43 @@ def _add_debug(parser: argparse.ArgumentParser, default=argparse.SUPPRESS) -> No
                         help="show the full traceback of errors (also: BPFREE_DEBUG=1)")
 
 
+#: Environment variable that sets the default of ``--threads``.
+THREADS_ENV_VAR = "BPFREE_THREADS"
+
+
+def default_threads() -> int:
+    """torch intra-op threads for a command: ``$BPFREE_THREADS``, else ``min(4, cores)``.
+    The models bpfree trains on a CPU are small; more threads than that gain little on them
+    and oversubscribe a shared machine (README, "Threads")."""
+    value = os.environ.get(THREADS_ENV_VAR, "")
+    if value:
+        return _threads(value, what=f"${THREADS_ENV_VAR}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
+
+
+def _threads(value: str, what: str = "--threads") -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{what} must be an int >= 1, got {value!r}")
+    return n
+
+
+def _add_common(parser: argparse.ArgumentParser, top: bool = False) -> None:
+    """``--threads`` and ``--quiet`` on every command (where it does not define its own)."""
+    default = None if top else argparse.SUPPRESS
+    if "--threads" not in parser._option_string_actions:
+        parser.add_argument("--threads", type=_threads, metavar="N", default=default,
+                            help="torch intra-op threads (default: $BPFREE_THREADS, else "
+                                 "min(4, cores): small models gain little from more)")
+    if "--quiet" not in parser._option_string_actions:
+        parser.add_argument("--quiet", action="store_true", default=False if top else default,
+                            help="no progress bars")
+
+
 # ----------------------------------------------------------------------------- handlers
 
 
@@ -176,6 +213,7 @@ def _add_bench(subparsers) -> None:
                    help="run even when the checkout has uncommitted changes to tracked files "
                         "(the result is marked dirty)")
     _add_debug(p)
+    _add_common(p)
     p.set_defaults(handler=_cmd_bench)
 
 
@@ -201,6 +239,7 @@ def _add_docs(subparsers) -> None:
                    help="with --reledger: accept uncommitted changes (the claims are marked "
                         "dirty)")
     _add_debug(p)
+    _add_common(p)
     p.set_defaults(handler=_cmd_docs)
 
 
@@ -221,6 +260,7 @@ def _add_delegated(subparsers, name: str, module_path: str, help_text: str) -> N
     )
     _add_debug(p)
     add_arguments(p)
+    _add_common(p)
     p.set_defaults(handler=run)
 
 
@@ -231,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     _add_debug(parser, default=False)
+    _add_common(parser, top=True)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name, module_path, help_text in DELEGATED[:1]:  # demo first: the entry point for newcomers
         _add_delegated(subparsers, name, module_path, help_text)
@@ -259,6 +300,18 @@ def _check_outputs(args: argparse.Namespace) -> None:
                 # Said before the work, so a mistyped folder shows now, not after the run.
                 print(f"{PROG}: note: --{name}: folder {str(missing)!r} does not exist; "
                       "it will be created when the file is written", file=sys.stderr)
+
+
+def _apply_common(args: argparse.Namespace) -> None:
+    """Set torch's intra-op threads and, with ``--quiet``, silence every progress bar."""
+    import torch  # lazy: `bpfree --help` stays instant
+
+    from bpfree import progress
+
+    threads = getattr(args, "threads", None)
+    torch.set_num_threads(default_threads() if threads is None else threads)
+    if getattr(args, "quiet", False):
+        progress.silence()
 
 
 def _error(message: str, hint: str = "") -> None:
@@ -316,6 +369,7 @@ def _main(argv: list[str]) -> int:
     args.command_line = shlex.join([PROG, *argv])  # recorded in result files
     debug = _debug_enabled(args)
     try:
+        _apply_common(args)
         _check_outputs(args)
         return int(handler(args) or 0)
     except (ValueError, FileNotFoundError) as exc:

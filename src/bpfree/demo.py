@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 
 import torch
@@ -41,6 +40,7 @@ from .io import write_json
 from .memory import analytic, measure_peak
 from .models import digits_mlp
 from .pmt import PMTConfig, PMTTrainer
+from .progress import show_progress
 from .quant.ptq import quantize_model
 
 DEFAULTS = dict(seed=0, epochs=20, batch_size=64, queries=10, lr=0.3, schedule="cosine",
@@ -296,7 +296,7 @@ def format_table(r: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = not args.no_progress and show_progress(quiet=getattr(args, "quiet", False))
     result = run(seed=args.seed, epochs=args.epochs, batch_size=args.batch_size,
                  queries=args.queries, lr=args.lr, schedule=args.schedule,
                  perturbation=args.perturbation, layerwise=not args.model_wise,

@@ -14,12 +14,16 @@ import copy
 import math
 import numbers
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import torch
-from tqdm.auto import tqdm
+
+from .progress import logger, progress_bar
+
+log = logger.getChild("harness")
 
 
 class Method(Protocol):
@@ -69,6 +73,33 @@ class History:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def plot(self, path: str | Path | None = None):
+        """Draw the curves with matplotlib: the step loss (and each epoch's mean) against
+        cumulative forward passes, the learning rate per step, and the validation accuracy
+        per epoch when there is one. Returns the figure; with ``path`` it is also written
+        as PNG (parents created) and closed."""
+        from .plotting import pyplot, save_figure  # lazy: matplotlib only to draw
+
+        plt = pyplot()
+        panels = 3 if self.val_acc else 2
+        fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4))
+        axes[0].plot(self.forwards, self.loss, lw=0.8, alpha=0.6, label="step")
+        if self.epoch_forwards:
+            axes[0].plot(self.epoch_forwards, self.epoch_loss, "o-", label="epoch mean")
+        axes[0].set(xlabel="forward passes (per sample)", ylabel="loss", title="loss")
+        axes[0].legend()
+        axes[1].plot(range(len(self.lr)), self.lr)
+        axes[1].set(xlabel="step", ylabel="learning rate", title="learning rate")
+        if self.val_acc:
+            axes[2].plot(range(len(self.val_acc)), self.val_acc, "o-")
+            if self.best_epoch is not None:
+                axes[2].axvline(self.best_epoch, ls="--", c="gray", label="kept (best)")
+                axes[2].legend()
+            axes[2].set(xlabel="epoch", ylabel="accuracy (%)", title="validation")
+        if path is not None:
+            save_figure(fig, path)
+        return fig
 
 
 def check_learning_rate(lr) -> float:
@@ -124,17 +155,51 @@ def _check_fit_options(schedule, schedule_unit, on_nonfinite, x_val, y_val, keep
                          f"{max_steps_per_epoch!r}")
 
 
-def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+def _tensor_epochs(n: int, batch_size: int, epochs: int, seed: int):
+    """Per epoch, a generator of the index batches of :func:`batches` (all drawn, so skipping
+    some never changes the order of the next epoch's)."""
+    stream = batches(n, batch_size, epochs, seed)
+    per_epoch = math.ceil(n / batch_size)
+    for _ in range(epochs):
+        yield (next(stream) for _ in range(per_epoch))
+
+
+def _loader_epochs(loader: Iterable, epochs: int):
+    """Per epoch, one pass over ``loader`` (any re-iterable of ``(x, y)`` pairs, such as a
+    ``torch.utils.data.DataLoader``), each pair checked."""
+    for epoch in range(epochs):
+        def checked(epoch=epoch):
+            count = 0
+            for item in loader:
+                if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                    raise ValueError(f"fit(method, loader): each batch must be an (x, y) pair, "
+                                     f"got {type(item).__name__} in epoch {epoch}")
+                xb, yb = (torch.as_tensor(v) for v in item)
+                check_batch(xb, yb)
+                count += 1
+                yield xb, yb
+            if count == 0:
+                raise ValueError(f"fit(method, loader): the loader gave no batch in epoch "
+                                 f"{epoch} (a one-shot iterator? pass a DataLoader or a list)")
+        yield checked()
+
+
+def fit(method: Method, x: torch.Tensor | Iterable, y: torch.Tensor | None = None, *,
+        epochs: int, batch_size: int | None = None,
         lr: float, schedule: str | Callable[[int], float] = "cosine",
-        schedule_unit: str = "step", seed: int = 0, progress: bool | str = False,
-        before_step: Callable[[int, int], None] | None = None,
+        schedule_unit: str = "step", seed: int = 0, progress: bool | str | None = None,
+        quiet: bool = False, before_step: Callable[[int, int], None] | None = None,
         x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
         keep_best: bool = False, max_steps_per_epoch: int | None = None,
         on_nonfinite: str = "raise", nonfinite_ok: Callable[[dict], bool] | None = None,
         on_epoch_end: Callable[[int, History], None] | None = None) -> History:
     """Train ``method`` for ``epochs`` over ``(x, y)``; returns the :class:`History`.
 
-    Batches come from :func:`batches` (``seed``). The rate of a step is ``lr`` times the
+    Data: tensors ``x`` and ``y``, batched by :func:`batches` (``batch_size``, ``seed``), or
+    ``fit(method, loader, ...)`` with any re-iterable of ``(x, y)`` batches (a ``DataLoader``:
+    it batches and shuffles, so ``batch_size`` and ``seed`` are not used); the cosine
+    schedule then needs ``len(loader)``. ``progress``: a bar, by default only on a terminal
+    (:func:`bpfree.progress.show_progress`); ``quiet=True`` hides it. The rate of a step is ``lr`` times the
     schedule: ``"cosine"`` (:func:`cosine_lr` over all steps), ``"constant"``, or a callable
     ``t -> multiplier`` (e.g. :func:`bpfree.transforms.exponential`) of the step index, or of
     the epoch index with ``schedule_unit="epoch"`` (TT-ZO §5.1's decay every 10 epochs).
@@ -154,31 +219,55 @@ def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_
     ``diverged`` set; a step whose output satisfies ``nonfinite_ok(out)`` (central CGE,
     which never evaluates θ, reports NaN by design) is recorded instead.
     """
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
     _check_fit_options(schedule, schedule_unit, on_nonfinite, x_val, y_val, keep_best,
                        max_steps_per_epoch)
     lr = check_learning_rate(lr)
-    check_batch(x, y)
-    n = x.shape[0]
-    per_epoch = math.ceil(n / batch_size)
-    steps = per_epoch if max_steps_per_epoch is None else min(per_epoch, max_steps_per_epoch)
-    total = epochs * steps
+    if isinstance(epochs, bool) or not isinstance(epochs, numbers.Integral) or epochs < 1:
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+    if isinstance(x, torch.Tensor):
+        if not isinstance(y, torch.Tensor):
+            raise ValueError("fit(method, x, y): y must be a tensor of labels beside the tensor "
+                             "x (or pass one iterable of (x, y) batches, such as a DataLoader)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+                or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1 with tensors, got {batch_size!r}")
+        check_batch(x, y)
+        per_epoch = math.ceil(x.shape[0] / batch_size)
+        epoch_batches = _tensor_epochs(x.shape[0], batch_size, epochs, seed)
+    else:
+        if y is not None:
+            raise ValueError(f"fit(method, loader): the loader yields the labels; y must be "
+                             f"None with a {type(x).__name__}, got {type(y).__name__}")
+        if not isinstance(x, Iterable):
+            raise ValueError(f"fit needs tensors x, y or an iterable of (x, y) batches, got "
+                             f"{type(x).__name__}")
+        try:
+            per_epoch = len(x)
+        except TypeError:
+            per_epoch = None
+        if per_epoch is None and schedule == "cosine":
+            raise ValueError("the cosine schedule needs the number of batches: give a loader "
+                             "with len() or schedule='constant' / a callable")
+        epoch_batches = _loader_epochs(x, epochs)
+    if per_epoch is None:
+        steps = max_steps_per_epoch
+    else:
+        steps = per_epoch if max_steps_per_epoch is None else min(per_epoch, max_steps_per_epoch)
+    total = None if steps is None else epochs * steps
     model = getattr(method, "model", method)
     history = History()
     best_state = None
     t0 = time.perf_counter()
-    bar = tqdm(total=total, desc=progress if isinstance(progress, str) else "train",
-               disable=not progress, leave=False)
+    bar = progress_bar(total, "train", progress, quiet)
     kind = schedule if isinstance(schedule, str) else "callable"
-    stream = batches(n, batch_size, epochs, seed)
+    log.debug("fit: %s epochs of %s steps, lr %g, schedule %s", epochs, steps or "?", lr, kind)
     step = 0
-    for epoch in range(epochs):
+    for epoch, stream in enumerate(epoch_batches):
         losses, first_rate = [], None
-        for k in range(per_epoch):
-            idx = next(stream)
-            if k >= steps:
+        for k, item in enumerate(stream):
+            if steps is not None and k >= steps:
                 continue
+            xb, yb = (x[item], y[item]) if isinstance(x, torch.Tensor) else item
             if before_step is not None:
                 before_step(step, total)
             if kind == "cosine":
@@ -188,7 +277,7 @@ def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_
             else:
                 rate = lr * schedule(epoch if schedule_unit == "epoch" else step)
             first_rate = rate if first_rate is None else first_rate
-            out = method.step(x[idx], y[idx], rate)
+            out = method.step(xb, yb, rate)
             loss = float(out["loss"])
             if not math.isfinite(loss) and not (nonfinite_ok is not None and nonfinite_ok(out)):
                 message = f"non-finite loss at epoch {epoch}, step {k}"
@@ -196,6 +285,7 @@ def fit(method: Method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_
                     bar.close()
                     raise FloatingPointError(message)
                 history.diverged = message
+                log.warning("fit stopped: %s", message)
                 break
             history.loss.append(loss)
             history.lr.append(rate)

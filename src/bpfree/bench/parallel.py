@@ -18,8 +18,8 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import progress_bar
 from .environment import cpu_model
 from .task_cache import TaskCache
 
@@ -91,8 +91,7 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
             cache.store(fn, tasks[k], value)
         bar.update(1)
 
-    bar = tqdm(total=len(keys), desc=progress or "tasks", disable=progress is None,
-               unit="task")
+    bar = progress_bar(len(keys), "tasks", progress or False, unit="task")
     try:
         if workers <= 1:
             for k in keys:

@@ -12,7 +12,9 @@ import torch
 from ..data import load_digits_split
 from ..data.idx import load_mnist
 from ..io import write_json
+from ..memory_cli import DEFAULT_BATCH_QUERIES
 from ..models import digits_mlp, mcunet_in1, mnist_cnn
+from ..models.mcunet import load_quantized
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import block, split_blocks
 from ..quant import quantize_model
@@ -30,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         description="Write a self-contained C99 project that trains the model "
                                     "with PMT (device-exact arithmetic).")
     ex.add_argument("--model", required=True,
-                    help=f"one of {', '.join(MODELS)}, or the path of a torch-saved "
-                         "QuantizedModel (.pt)")
+                    help=f"one of {', '.join(MODELS)}, a model folder (graph.json + "
+                         "weights.npz, the format of the bundled MCUNet-in1), or the path of a "
+                         "torch-saved QuantizedModel (.pt)")
     ex.add_argument("--target", default="host", choices=["host", "cortex-m7"],
                     help="host: system C compiler; cortex-m7: arm-none-eabi + QEMU mps2-an500")
     ex.add_argument("--out", required=True, help="project directory to create (must not exist)")
@@ -41,8 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="with --sparse: the block to train (default 4, the last; PMT §4.4 "
                          "trains block 3, whose MCUNet-in1 program fits 320 KiB)")
     ex.add_argument("--seed", type=int, default=1, help="perturbation seed (>= 1)")
-    ex.add_argument("--queries", type=int, default=2, help="queries Q per layer and step")
-    ex.add_argument("--batch-size", type=int, default=8, help="largest batch the arena holds")
+    ex.add_argument("--queries", type=int,
+                    help="queries Q per layer and step (default: 50 for mcunet-in1, PMT Tables "
+                         "8-9, as `bpfree memory`; else 2)")
+    ex.add_argument("--batch-size", type=int,
+                    help="largest batch the arena holds (default: 1 for mcunet-in1, PMT Tables "
+                         "8-9; else 8)")
     ex.add_argument("--max-samples", type=int, default=256,
                     help="most training samples main.c reads")
     ex.add_argument("--sram-kib", type=int, help="MCU SRAM (cortex-m7; default 1024)")
@@ -84,8 +91,12 @@ def build_model(name: str):
         rng = (0.0, 1.0)
         return quantize_model(builder().eval(), x, input_range=rng), x[:1]
     path = Path(name)
+    if path.is_dir():  # graph.json + weights.npz, as bpfree.models.mcunet reads them
+        model = load_quantized(path)
+        return model, torch.zeros(1, *model.sample_shape, dtype=torch.int8)
     if not path.is_file():
-        raise ValueError(f"--model must be one of {MODELS} or an existing .pt file, got {name!r}")
+        raise ValueError(f"--model must be one of {MODELS}, a model folder (graph.json + "
+                         f"weights.npz) or an existing .pt file, got {name!r}")
     model = torch.load(path, weights_only=False)
     shape = getattr(model, "sample_shape", None)
     if shape is None:
@@ -95,6 +106,13 @@ def build_model(name: str):
 
 
 def _export(args) -> int:
+    # (batch, Q): the paper's for MCUNet-in1 (PMT Tables 8-9), the same as `bpfree memory`'s
+    batch, queries = DEFAULT_BATCH_QUERIES.get(args.model, (8, 2))
+    args.batch_size = batch if args.batch_size is None else args.batch_size
+    args.queries = queries if args.queries is None else args.queries
+    for name in ("batch_size", "queries"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     model, example = build_model(args.model)
     config = PMTConfig(queries=args.queries, seed=args.seed, device_exact=True)
     trainable = None
@@ -107,7 +125,8 @@ def _export(args) -> int:
                        max_samples=args.max_samples,
                        model_name=args.model if args.model in MODELS else None)
     print(f"wrote {program.path} ({args.target}, {len(program.meta['trainable'])} trainable "
-          f"layers, arena {program.meta['arena_bytes']} bytes)")
+          f"layers, Q={args.queries}, batch {args.batch_size}, arena "
+          f"{program.meta['arena_bytes']} bytes)")
     return 0
 
 

@@ -77,7 +77,7 @@ MODELS = {spec.name: spec for spec in (
     ModelSpec("tt-mlp-r10", tt_mlp_r10, (784,),
               "TT-MLP 784-1024-10, ranks [1,10,10,10,1] (TT-ZO Table 2, 8,314 parameters)"),
     ModelSpec("mcunet-in1", lambda: mcunet_in1_float(), (3, 128, 128),
-              "PMT's INT8 MCUNet-in1, 128x128: float mirror of ../shared/models/mcunet-in1-int8"),
+              "PMT's INT8 MCUNet-in1, 128x128: float mirror of the bundled mcunet-in1-int8"),
 )}
 
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..estimators import sign_rge
 from ..optim import ZOOptimizer
+from ..progress import progress_bar
 from ..transforms import cosine
 from .derivatives import AutoDiff, get_backend
 from .problems import PDEProblem, check_model, pinn_loss, validation_mse
@@ -71,8 +72,12 @@ def _log(res, step, loss, model, problem, val):
 def train_fo(model: nn.Module, problem: PDEProblem, backend="AD", *, steps: int = 500,
              batch_size: int = 64, n_initial: int = 64, n_boundary: int = 0, lr: float = 1e-3,
              lambda_initial: float = 1.0, lambda_boundary: float = 1.0, seed: int = 0,
-             val_points: torch.Tensor | None = None, log_every: int = 50) -> PINNResult:
-    """First-order training (Adam, cosine lr) with derivatives from ``backend``."""
+             val_points: torch.Tensor | None = None, log_every: int = 50,
+             progress: bool | str | None = None, quiet: bool = False) -> PINNResult:
+    """First-order training (Adam, cosine lr) with derivatives from ``backend``.
+
+    ``progress`` / ``quiet``: a bar of the steps, by default only on a terminal
+    (:func:`bpfree.progress.show_progress`)."""
     backend = _setup(model, problem, backend, steps, batch_size, lr)
     gen = torch.Generator().manual_seed(seed)
     val = problem.validation_points(1000) if val_points is None else val_points
@@ -82,12 +87,14 @@ def train_fo(model: nn.Module, problem: PDEProblem, backend="AD", *, steps: int 
                      steps=steps, loss_evaluations=0, point_evaluations=0, seconds=0.0)
     start = time.perf_counter()
     per_point = backend.evaluations(problem.input_dim)
+    bar = progress_bar(steps, "PINN (FO)", progress, quiet)
     for step in range(steps):
         batch = _sample(problem, batch_size, n_initial, n_boundary, gen, model)
         backend.resample()
         parts = pinn_loss(model, problem, backend, batch, lambda_initial, lambda_boundary)
         loss = parts["loss"]
         if not torch.isfinite(loss):
+            bar.close()
             raise FloatingPointError(f"non-finite PINN loss at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -97,6 +104,8 @@ def train_fo(model: nn.Module, problem: PDEProblem, backend="AD", *, steps: int 
         res.point_evaluations += batch_size * per_point + n_initial + n_boundary
         if log_every and (step % log_every == 0 or step == steps - 1):
             _log(res, step, loss.item(), model, problem, val)
+        bar.update(1)
+    bar.close()
     res.seconds = time.perf_counter() - start
     res.val_mse = validation_mse(model, problem, val)
     return res
@@ -106,11 +115,13 @@ def train_zo(model: nn.Module, problem: PDEProblem, backend="SG", *, steps: int 
              batch_size: int = 64, n_initial: int = 64, n_boundary: int = 0, lr: float = 1e-3,
              num_queries: int = 10, mu: float = 0.1, lambda_initial: float = 1.0,
              lambda_boundary: float = 1.0, seed: int = 0,
-             val_points: torch.Tensor | None = None, log_every: int = 50) -> PINNResult:
+             val_points: torch.Tensor | None = None, log_every: int = 50,
+             progress: bool | str | None = None, quiet: bool = False) -> PINNResult:
     """Fully BP-free training: ZO-signRGE on θ, a forward-only backend for ∇u and Δu.
 
     Each step moves every parameter by ``±lr_t`` (the sign of the RGE estimate), with a cosine
-    decay of ``lr`` to 1 % over ``steps``.
+    decay of ``lr`` to 1 % over ``steps``. ``progress`` / ``quiet``: a bar of the steps with
+    the loss, by default only on a terminal (:func:`bpfree.progress.show_progress`).
     """
     backend = _setup(model, problem, backend, steps, batch_size, lr)
     if isinstance(backend, AutoDiff):
@@ -125,6 +136,7 @@ def train_zo(model: nn.Module, problem: PDEProblem, backend="SG", *, steps: int 
                      steps=steps, loss_evaluations=0, point_evaluations=0, seconds=0.0)
     per_point = backend.evaluations(problem.input_dim)
     start = time.perf_counter()
+    bar = progress_bar(steps, "PINN (ZO)", progress, quiet)
     for step in range(steps):
         batch = _sample(problem, batch_size, n_initial, n_boundary, gen, model)
         backend.resample()
@@ -139,6 +151,9 @@ def train_zo(model: nn.Module, problem: PDEProblem, backend="SG", *, steps: int 
         res.point_evaluations += n * (batch_size * per_point + n_initial + n_boundary)
         if log_every and (step % log_every == 0 or step == steps - 1):
             _log(res, step, loss, model, problem, val)
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
+    bar.close()
     res.seconds = time.perf_counter() - start
     res.val_mse = validation_mse(model, problem, val)
     return res

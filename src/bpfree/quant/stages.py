@@ -90,9 +90,21 @@ class QuantizedModel(nn.Module):
         return self.input_quant.quantize(x)
 
     def forward_int(self, xq: torch.Tensor) -> torch.Tensor:
-        """int8 input to int8 logits (``output_quant``)."""
+        """int8 input to int8 logits (``output_quant``). A model loaded from a ``.tflite``
+        file (whose own input is NHWC) also takes NHWC batches, as LiteRT users hold them."""
         _check_int8_input(xq)
-        return self.body(xq)
+        return self.body(self.as_nchw(xq))
+
+    def as_nchw(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` itself, or an NHWC batch permuted to NCHW when the model came from a
+        ``.tflite`` file (``tflite_file``), one sample of its ``input_shape`` is (C, H, W)
+        and ``x``'s samples are (H, W, C) but not (C, H, W)."""
+        shape = tuple(getattr(self, "input_shape", ()) or ())
+        if (getattr(self, "tflite_file", None) is not None and len(shape) == 3 and x.dim() == 4
+                and tuple(x.shape[1:]) != shape
+                and tuple(x.shape[1:]) == (shape[1], shape[2], shape[0])):
+            return x.permute(0, 3, 1, 2)
+        return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Float (or already int8) input to dequantized float logits."""

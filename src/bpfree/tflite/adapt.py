@@ -36,7 +36,7 @@ from ..qzoff import IntegerQZOFF
 from .reader import load
 from .schema import TFLiteFormatError
 from .softmax import QSoftmax
-from .writer import to_bytes
+from .writer import file_bytes
 
 METHODS = ("pmt", "pmt-sparse", "qzo-ff")
 #: --queries when not given: PMT's Q per layer, QZO-FF's m (the paper's 3, Appendix B)
@@ -219,6 +219,25 @@ def load_image_folder(path, input_shape: tuple[int, ...]
             [d.name for d in classes])
 
 
+def check_classifier(model, example: torch.Tensor | None = None) -> int:
+    """The number of classes of ``model`` (its output is ``(N, classes)``, logits or a trailing
+    SOFTMAX), run on one sample of ``example`` (default: zeros of ``model.input_shape``); else
+    a ValueError naming the output shape, raised before anything is trained (``adapt`` trains
+    with cross-entropy on integer labels)."""
+    if example is None:
+        example = torch.zeros((1, *model.input_shape), dtype=torch.int8)
+    with torch.no_grad():
+        out = model(example[:1]).shape
+    if len(out) != 2 or out[1] < 2:
+        raise ValueError(
+            f"adapt trains classifiers (cross-entropy on integer labels), but this model's "
+            f"output has shape {tuple(out)} for one sample (expected (1, classes)): a feature "
+            f"map or regression output has no class to train toward; cut the file at its "
+            f"logits, or train it in Python with a loss of your own (bpfree.Objective, "
+            f"loss_fn=...)")
+    return int(out[1])
+
+
 def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epochs: int = 3,
           queries: int | None = None, lr: float = 0.01, batch_size: int = 64,
           validation: float = 0.2, seed: int = 0, eps_codes: int = 1,
@@ -234,6 +253,8 @@ def adapt(model, x: torch.Tensor, y: torch.Tensor, *, method: str = "pmt", epoch
     and the accuracies use the logits before it, and it stays in the model."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    x = model.as_nchw(x) if x.dim() == 4 else x
+    check_classifier(model, x)
     if queries is None:
         queries = DEFAULT_QUERIES[method]
     if isinstance(model.body[-1], QSoftmax):  # inference only: train on the logits before it
@@ -311,6 +332,7 @@ def main(args: argparse.Namespace) -> int:
         model = load(args.model)
     except TFLiteFormatError as err:
         return _failed(f"cannot adapt {args.model}: {err}")
+    check_classifier(model)  # before the data is read: its labels need classes
     if Path(args.data).is_dir():
         x, y, classes = load_image_folder(args.data, model.input_shape)
         print(f"{args.data}: classes {', '.join(f'{i}={c}' for i, c in enumerate(classes))}")
@@ -328,7 +350,7 @@ def main(args: argparse.Namespace) -> int:
     except (FloatingPointError, RuntimeError) as err:  # bad labels etc. stay usage errors
         return _failed(f"adaptation failed, {args.out} not written: {err}")
     try:
-        atomic_write_bytes(args.out, to_bytes(model))
+        atomic_write_bytes(args.out, file_bytes(model))  # the input file, new weights only
     except (ValueError, OSError) as err:
         return _failed(f"{args.out} not written: {err}")
     report.update(model=str(args.model), data=str(args.data), out=str(args.out))

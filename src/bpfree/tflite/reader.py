@@ -43,6 +43,7 @@ from ..quant.params import TensorQuant, WeightQuant
 from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
 from .schema import (ACTIVATIONS, FILE_IDENTIFIER, SUPPORTED_OPS, TFLiteFormatError, op_name,
                      tflite, type_name)
+from .patch import TFLiteSource
 from .softmax import OUTPUT_QUANT, QSoftmax
 from .stages import QPad, litert_linear
 
@@ -226,12 +227,16 @@ class _Builder:
                 raise op.fail(r, "shuffled FULLY_CONNECTED weights are not supported", w_t)
             if len(scales) > 1 and axis != 0:
                 raise op.fail(r, f"per-channel weights along axis {axis} (0 expected)", w_t)
+            hwc = None
             if self.flatten_from is not None and len(self.flatten_from) == 4:
                 _, h, wd, c = self.flatten_from
                 w = w.reshape(-1, h, wd, c).transpose(0, 3, 1, 2).reshape(w.shape[0], -1)
+                hwc = (h, wd, c)
             self.flatten_from = None
-            return [litert_linear(QLinear(torch.from_numpy(w), bias,
-                                          activation=r.activation(op, opts), **common))]
+            linear = litert_linear(QLinear(torch.from_numpy(w), bias,
+                                           activation=r.activation(op, opts), **common))
+            linear.tflite_source = TFLiteSource(w_t, b_t, "fc", hwc)  # for save: patch.py
+            return [linear]
         x_shape = r.shape(x)
         if len(x_shape) != 4:
             raise op.fail(r, f"input must be 4-D NHWC, got shape {x_shape}", x)
@@ -267,6 +272,7 @@ class _Builder:
         stages.append(QConv2d(weight, bias, stride=stride, padding=(pads[0], pads[2]),
                               dilation=dilation, groups=groups,
                               activation=r.activation(op, opts), **common))
+        stages[-1].tflite_source = TFLiteSource(w_t, b_t, "depthwise" if depthwise else "conv")
         return stages
 
     def stage(self, op: _Op, q_in: TensorQuant) -> list[nn.Module]:
@@ -430,7 +436,9 @@ class _Builder:
 def from_bytes(data: bytes) -> QuantizedModel:
     """:func:`load` of a ``.tflite`` file's bytes."""
     try:
-        return _Builder(_Reader(bytes(data))).build()
+        model = _Builder(_Reader(bytes(data))).build()
+        model.tflite_file = bytes(data)  # what save() patches (bpfree.tflite.patch)
+        return model
     except TFLiteFormatError:
         raise
     except (struct.error, IndexError, TypeError, UnicodeDecodeError, ValueError,

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..io import atomic_write_bytes
+from ..progress import logger
 from ..quant.layers import QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear, QReLU
 from ..quant.params import TensorQuant
 from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel
@@ -35,6 +36,7 @@ from .softmax import QSoftmax
 from .stages import QPad, is_litert_linear
 
 _OPTIONS = tflite.BuiltinOptions
+log = logger.getChild("tflite")
 
 
 @dataclass
@@ -319,7 +321,11 @@ def _quantization(b, t: _Tensor):
                   quantized_dimension=t.axis)
 
 
-def _serialize(g: _Graph, input_tensor: int, output_tensor: int) -> bytes:
+def _serialize(g: _Graph, input_tensor: int, output_tensor: int, *,
+               signature: tuple[str, dict[str, int], dict[str, int]] | None = None,
+               metadata: dict[str, bytes] | None = None) -> bytes:
+    """The flatbuffer of ``g``; optionally a SignatureDef ``(key, {input name: tensor},
+    {output name: tensor})`` and ``metadata`` entries (name -> bytes), as the converter writes."""
     b = flatbuffers.Builder(1024)
     # Buffers: 0 is the empty sentinel; each constant tensor gets its own.
     buffer_of, datas = [], [b""]
@@ -329,6 +335,10 @@ def _serialize(g: _Graph, input_tensor: int, output_tensor: int) -> bytes:
         else:
             buffer_of.append(len(datas))
             datas.append(t.data)
+    metadata_buffers = {}
+    for key, value in (metadata or {}).items():
+        metadata_buffers[key] = len(datas)
+        datas.append(value)
     buffer_offsets = [_table(b, "Buffer", data=b.CreateByteVector(d) if d else None)
                       for d in datas]
     tensor_offsets = []
@@ -357,12 +367,26 @@ def _serialize(g: _Graph, input_tensor: int, output_tensor: int) -> bytes:
         name=b.CreateString("main"))
     code_offsets = [_table(b, "OperatorCode", deprecated_builtin_code=min(code, 127),
                            builtin_code=code, version=1) for code in codes]
+    signatures = None
+    if signature is not None:
+        key, ins, outs = signature
+        maps = [[_table(b, "TensorMap", name=b.CreateString(n), tensor_index=t)
+                 for n, t in side.items()] for side in (ins, outs)]
+        sig = _table(b, "SignatureDef",
+                     inputs=_offset_vector(b, tflite.SignatureDefStartInputsVector, maps[0]),
+                     outputs=_offset_vector(b, tflite.SignatureDefStartOutputsVector, maps[1]),
+                     signature_key=b.CreateString(key), subgraph_index=0)
+        signatures = _offset_vector(b, tflite.ModelStartSignatureDefsVector, [sig])
+    entries = [_table(b, "Metadata", name=b.CreateString(k), buffer=i)
+               for k, i in metadata_buffers.items()]
     model = _table(
         b, "Model", version=SCHEMA_VERSION,
         operator_codes=_offset_vector(b, tflite.ModelStartOperatorCodesVector, code_offsets),
         subgraphs=_offset_vector(b, tflite.ModelStartSubgraphsVector, [subgraph]),
         description=b.CreateString("bpfree"),
-        buffers=_offset_vector(b, tflite.ModelStartBuffersVector, buffer_offsets))
+        buffers=_offset_vector(b, tflite.ModelStartBuffersVector, buffer_offsets),
+        metadata=_offset_vector(b, tflite.ModelStartMetadataVector, entries) if entries else None,
+        signature_defs=signatures)
     b.Finish(model, file_identifier=FILE_IDENTIFIER)
     return bytes(b.Output())
 
@@ -389,8 +413,15 @@ def to_bytes(model: QuantizedModel, input_shape=None) -> bytes:
     return _Writer(model, shape).build()
 
 
-def save(model: QuantizedModel, path: str | os.PathLike, *, input_shape=None) -> None:
+def save(model: QuantizedModel, path: str | os.PathLike, *, input_shape=None,
+         rebuild: bool = False) -> None:
     """Write ``model`` as a full-integer ``.tflite`` file, atomically.
+
+    A model loaded by :func:`bpfree.tflite.load` is written into a copy of its own file with
+    only the weights and biases changed (:mod:`bpfree.tflite.patch`), so its operators,
+    signature, tensor names and metadata stay those deployed code knows; ``rebuild=True``, a
+    different ``input_shape`` or a model whose layers changed since loading writes a new graph
+    instead (:func:`to_bytes`).
 
     Args:
         model: a :class:`~bpfree.quant.ptq.QuantizedModel` (from ``quantize_model``,
@@ -402,4 +433,20 @@ def save(model: QuantizedModel, path: str | os.PathLike, *, input_shape=None) ->
 
     Raises ValueError naming the stage for a layer that has no TFLite operator.
     """
-    atomic_write_bytes(path, to_bytes(model, input_shape))
+    atomic_write_bytes(path, file_bytes(model, input_shape=input_shape, rebuild=rebuild))
+
+
+def file_bytes(model: QuantizedModel, *, input_shape=None, rebuild: bool = False) -> bytes:
+    """What :func:`save` writes: the patched original file when the model has one and neither
+    ``rebuild`` nor a different ``input_shape`` asks for a new graph, else :func:`to_bytes`."""
+    from .patch import PatchError, patched_bytes  # lazy: patch loads the reader
+
+    same_shape = input_shape is None or tuple(input_shape) == tuple(
+        getattr(model, "input_shape", ()))
+    if not rebuild and same_shape and getattr(model, "tflite_file", None) is not None:
+        try:
+            return patched_bytes(model)
+        except PatchError as err:
+            log.warning("writing a new .tflite graph (the original file's signature, tensor "
+                        "names and operator forms are not kept): %s", err)
+    return to_bytes(model, input_shape)

@@ -28,7 +28,8 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
           lr: float = 1e-3, gamma: float = 0.9, decay_every: int = 10,
           x_val: torch.Tensor | None = None, y_val: torch.Tensor | None = None,
           seed: int = 0, max_steps_per_epoch: int | None = None,
-          on_nonfinite: str = "raise", keep_best: bool = False) -> History:
+          on_nonfinite: str = "raise", keep_best: bool = False,
+          progress: bool | str | None = None, quiet: bool = False) -> History:
     """Train for ``epochs`` with ``lr·gamma^(epoch // decay_every)`` (TT-ZO §5.1).
 
     :func:`bpfree.harness.fit` with that schedule, per epoch; see it for
@@ -37,6 +38,7 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
     every other run) and ``keep_best`` (needs ``x_val``: ``method.model`` ends with the
     weights of the best validation epoch, ``best_epoch``). A non-finite loss from CGE is
     allowed: central CGE reports NaN by design. ``switch_epoch`` is the hybrid's.
+    ``progress`` / ``quiet``: :func:`~bpfree.harness.fit`'s bar (by default on a terminal).
     """
     end_epoch = getattr(method, "end_epoch", None)
 
@@ -52,7 +54,8 @@ def train(method, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: 
                schedule=exponential(gamma, decay_every), schedule_unit="epoch", seed=seed,
                x_val=x_val, y_val=y_val, keep_best=keep_best,
                max_steps_per_epoch=max_steps_per_epoch, on_nonfinite=on_nonfinite,
-               nonfinite_ok=cge_nan, on_epoch_end=None if end_epoch is None else close_epoch)
+               nonfinite_ok=cge_nan, on_epoch_end=None if end_epoch is None else close_epoch,
+               progress=progress, quiet=quiet)
 
 
 def queries_to_accuracy(log, target: float, *, unit: str = "batch_forwards") -> int | None:

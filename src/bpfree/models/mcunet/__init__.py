@@ -1,8 +1,10 @@
 """MCUNet-in1 (INT8, 128x128), PMT's own model, imported from ``graph.json`` + ``weights.npz``.
 
 PMT (§3.4, §4.1, Tables 8-9) trains the pre-trained, post-training-quantized INT8 MCUNet-in1 of
-MIT HAN Lab's tiny-training (``mcunet-5fps.pkl``). ``../shared/models/mcunet-in1-int8/`` holds
-it converted to JSON + npz (read its ``MANIFEST.txt``):
+MIT HAN Lab's tiny-training (``mcunet-5fps.pkl``, MIT license). The package ships it converted
+to JSON + npz in ``data/mcunet-in1-int8/`` (its ``MANIFEST.txt`` gives the source and the
+citation, ``LICENSE`` the notice, ``SHA256SUMS`` the checksums :func:`load_graph` verifies);
+``$BPFREE_MODELS/mcunet-in1-int8`` overrides it:
 
 * ``graph.json``: ``layers`` in execution order, each ``{"name", "op", ...}`` with op
   ``conv2d`` (channels, kernel, stride, groups, padding, spatial sizes, input / output scale
@@ -52,12 +54,14 @@ Modules: :mod:`.graph` (the files), :mod:`.quantized` (the integer model),
 from .float_mirror import mcunet_in1_float
 from .float_rule import (FloatRuleAdd, FloatRuleConv2d, FloatRuleGlobalAvgPool2d,
                          FloatRuleLinear, compare_requant)
-from .graph import (DEFAULT_DIRNAME, MCUNET_INPUT_SHAPE, ModelFormatError, default_model_dir,
-                    load_graph)
+from .graph import (BUNDLED_MODEL_DIR, CHECKSUMS_FILE, DEFAULT_DIRNAME, MCUNET_INPUT_SHAPE,
+                    ModelFormatError, default_model_dir, load_graph, verify_checksums)
 from .preprocess import preprocess_image
 from .quantized import REQUANT_RULES, load_quantized, mcunet_in1
 
 __all__ = [
+    "BUNDLED_MODEL_DIR",
+    "CHECKSUMS_FILE",
     "DEFAULT_DIRNAME",
     "MCUNET_INPUT_SHAPE",
     "REQUANT_RULES",
@@ -73,4 +77,5 @@ __all__ = [
     "mcunet_in1",
     "mcunet_in1_float",
     "preprocess_image",
+    "verify_checksums",
 ]

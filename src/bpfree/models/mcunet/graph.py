@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zipfile
@@ -11,11 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DEFAULT_DIRNAME", "MCUNET_INPUT_SHAPE", "OPS", "Graph", "ModelFormatError",
-           "block_of", "default_model_dir", "is_int", "load_graph"]
+__all__ = ["BUNDLED_MODEL_DIR", "CHECKSUMS_FILE", "DEFAULT_DIRNAME", "MCUNET_INPUT_SHAPE", "OPS",
+           "Graph", "ModelFormatError", "block_of", "default_model_dir", "is_int", "load_graph",
+           "verify_checksums"]
 
-#: Folder name of the model under ``$BPFREE_MODELS`` or ``<repo>/../shared/models``.
+#: Folder name of the model under ``$BPFREE_MODELS`` and inside the package.
 DEFAULT_DIRNAME = "mcunet-in1-int8"
+#: The copy shipped inside the package (package data, 730 KB, MIT: its LICENSE and MANIFEST.txt
+#: give the source, the citation and the checksums).
+BUNDLED_MODEL_DIR = Path(__file__).resolve().parent / "data" / DEFAULT_DIRNAME
+#: ``sha256sum`` output beside a model's files; where present, :func:`load_graph` checks it.
+CHECKSUMS_FILE = "SHA256SUMS"
 #: One sample's input (C, H, W).
 MCUNET_INPUT_SHAPE = (3, 128, 128)
 OPS = ("conv2d", "add", "mean_hw")
@@ -29,20 +36,51 @@ class ModelFormatError(ValueError):
 
 
 def default_model_dir() -> Path:
-    """``$BPFREE_MODELS/mcunet-in1-int8`` if ``BPFREE_MODELS`` is set, else
-    ``<repository>/../shared/models/mcunet-in1-int8`` (the project's shared model folder)."""
+    """``$BPFREE_MODELS/mcunet-in1-int8`` if ``BPFREE_MODELS`` is set, else the copy bundled
+    with the package (:data:`BUNDLED_MODEL_DIR`), so the paper's model works in any install."""
     root = os.environ.get("BPFREE_MODELS")
     if root:
         return Path(root) / DEFAULT_DIRNAME
-    repo = Path(__file__).resolve().parents[4]  # src/bpfree/models/mcunet/graph.py -> repo
-    return repo.parent / "shared" / "models" / DEFAULT_DIRNAME
+    return BUNDLED_MODEL_DIR
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_checksums(folder: Path) -> None:
+    """Check the files listed in ``folder/SHA256SUMS`` (``sha256sum`` format) against their
+    contents; a folder without the list is not checked (a user's own or edited model).
+    Raises :class:`ModelFormatError` naming the damaged file."""
+    listing = Path(folder) / CHECKSUMS_FILE
+    if not listing.is_file():
+        return
+    for lineno, line in enumerate(listing.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        expected, _, name = line.partition("  ")
+        name = name.strip()
+        if len(expected) != 64 or not name or "/" in name or name.startswith("."):
+            raise ModelFormatError(f"{listing}:{lineno}: expected '<sha256>  <file name>', "
+                                   f"got {line!r}")
+        actual = _sha256(folder / name) if (folder / name).is_file() else "missing"
+        if actual != expected:
+            raise ModelFormatError(
+                f"{folder / name} does not match its checksum in {listing} (sha256 {actual}, "
+                f"expected {expected}): the file is damaged or was edited; reinstall bpfree, or "
+                f"delete {CHECKSUMS_FILE} from a copy you changed on purpose")
 
 
 def _resolve_dir(path) -> Path:
     folder = default_model_dir() if path is None else Path(path)
     if not folder.is_dir():
         hint = ("" if path is not None else
-                " (set BPFREE_MODELS to the folder holding mcunet-in1-int8/, or pass the path)")
+                " (BPFREE_MODELS is set: it must hold mcunet-in1-int8/; unset it to use the copy "
+                "bundled with bpfree)")
         raise FileNotFoundError(f"MCUNet model folder not found: {folder}{hint}")
     for name in ("graph.json", "weights.npz"):
         if not (folder / name).is_file():
@@ -67,6 +105,7 @@ def load_graph(path=None) -> Graph:
     :class:`ModelFormatError` (naming the layer) for malformed JSON, unknown ops, missing keys
     or arrays, wrong dtypes and shape mismatches."""
     folder = _resolve_dir(path)
+    verify_checksums(folder)
     try:
         doc = json.loads((folder / "graph.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

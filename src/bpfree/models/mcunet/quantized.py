@@ -84,7 +84,7 @@ def _check_input(layer: dict, q: TensorQuant, channels: int, hw, previous: str) 
 
 
 def load_quantized(path=None, *, requant: str = "tflite", backend: str = "auto",
-                   input_hw: int = 128):
+                   input_hw: int | None = None):
     """The real-quantized model of a graph.json + weights.npz folder (see the module docstring).
 
     Layers named ``blocks.K.<conv>`` (and ``blocks.K.residual_add``) form one inverted-residual
@@ -96,7 +96,8 @@ def load_quantized(path=None, *, requant: str = "tflite", backend: str = "auto",
         path: the model folder (default :func:`default_model_dir`).
         requant: ``"tflite"`` (fixed point) or ``"float"`` (the model's own rule).
         backend: epilogue backend of the TFLite layers ("auto", "torch", "numba").
-        input_hw: spatial size of the input (128 for MCUNet-in1).
+        input_hw: spatial size of the input (default: the first layer's ``in_hw``, else 128,
+            MCUNet-in1's). The model's ``sample_shape`` is ``(in_channels, input_hw, input_hw)``.
     """
     if requant not in REQUANT_RULES:
         raise ValueError(f"requant must be one of {REQUANT_RULES}, got {requant!r}")
@@ -107,6 +108,8 @@ def load_quantized(path=None, *, requant: str = "tflite", backend: str = "auto",
         raise ModelFormatError(f"layer {first['name']!r}: the first layer must be a conv2d, got "
                                f"{first['op']!r}")
     input_quant = _quant(first, "x")
+    if input_hw is None:
+        input_hw = first.get("in_hw") if is_int(first.get("in_hw")) else MCUNET_INPUT_SHAPE[1]
     q, channels, hw, previous = input_quant, first["in_channels"], input_hw, "the input"
     pooled = False
     stages: list[nn.Module] = []
@@ -191,6 +194,7 @@ def load_quantized(path=None, *, requant: str = "tflite", backend: str = "auto",
     model.graph_names = names
     model.requant_rule = requant
     model.source = str(graph.folder)
+    model.sample_shape = (first["in_channels"], input_hw, input_hw)
     return model
 
 

@@ -217,8 +217,10 @@ class QConv2d(_QuantizedAffine):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_int8_input(x)
         if x.dim() != 4 or x.shape[1] != self.in_channels:
+            hint = ("; this looks like NHWC (as LiteRT takes it): pass x.permute(0, 3, 1, 2)"
+                    if x.dim() == 4 and x.shape[3] == self.in_channels else "")
             raise ValueError(f"input must have shape (N, {self.in_channels}, H, W), "
-                             f"got {tuple(x.shape)}")
+                             f"got {tuple(x.shape)}{hint}")
         self._check_state()
         cin_g, chunk, groups = self.in_channels // self.groups, self._chunk, self.groups
         conv = lambda xs, ws: F.conv2d(xs, ws, None, self.stride, self.padding,  # noqa: E731
