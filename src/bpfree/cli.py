@@ -236,7 +236,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for name in _OUTPUT_OPTIONS:
         value = getattr(args, name, None)
         if isinstance(value, str):
-            check_output_path(value, what=f"--{name}")
+            # a command whose --out is a folder it creates (device export) checks the file it
+            # writes first inside it
+            inside = getattr(args, f"{name}_folder_file", None)
+            check_output_path(os.path.join(value, inside) if inside else value,
+                              what=f"--{name}")
             missing = first_missing_folder(value)
             if missing is not None:
                 # Said before the work, so a mistyped folder shows now, not after the run.
