@@ -43,6 +43,8 @@ METHODS = ("pmt", "pmt-sparse", "qzo-ff")
 #: --queries above this are refused: each query is a forward pass per layer and step, and the
 #: paper's largest Q is 100 (PMT §4); a typo like 100000000 would run for days
 MAX_QUERIES = 10_000
+#: --batch-size above this is refused: a step holds Q perturbed activations of the batch
+MAX_BATCH = 65_536
 #: seeds feed torch's and numpy's 64-bit generators
 MAX_SEED = 2**63 - 1
 #: --queries when not given: PMT's Q per layer, QZO-FF's m (the paper's 3, Appendix B)
@@ -140,6 +142,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.seed > MAX_SEED:
         raise ValueError(f"--seed must be at most 2**63 - 1, got {args.seed}")
+    if args.batch_size > MAX_BATCH:
+        raise ValueError(f"--batch-size must be at most {MAX_BATCH}, got {args.batch_size}")
     if args.queries is not None and args.queries > MAX_QUERIES:
         raise ValueError(f"--queries must be at most {MAX_QUERIES} (the paper uses 100), got "
                          f"{args.queries}")
