@@ -19,8 +19,14 @@ import json
 import os
 import secrets
 import stat
+import time
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 __all__ = [
     "atomic_write_bytes",
@@ -164,8 +170,48 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+#: An empty temporary younger than this is kept: its writer may have created it an instant
+#: ago and not yet taken its lock (issue 34: a load deleted a concurrent save's file). Where
+#: there are no locks (Windows), every temporary younger than this is kept.
+STALE_AFTER_S = 5.0
+
+
+def _lock(fd: int, *, wait: bool) -> bool:
+    """An exclusive ``flock`` on ``fd``; False when another open file holds it (no wait)."""
+    if fcntl is None:  # Windows: the age rule alone protects a live writer
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError:  # a filesystem without locks: the age rule alone
+        return True
+    return True
+
+
+def _is_stale(tmp: Path) -> bool:
+    """Whether ``tmp`` was left by a dead writer: not locked by a live one (a live
+    :func:`atomic_write_bytes` holds the lock from its first byte to its rename), and not
+    an empty file created an instant ago (a writer before its lock)."""
+    try:
+        st = tmp.stat()
+        young = time.time() - st.st_mtime < STALE_AFTER_S
+        if young and (fcntl is None or st.st_size == 0):
+            return False
+        fd = os.open(tmp, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return _lock(fd, wait=False)
+    finally:
+        os.close(fd)
+
+
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files a killed write of ``path`` left beside it; return them."""
+    """Delete the temporary files a killed write of ``path`` left beside it; return them.
+
+    Only files of dead writers go: a live :func:`atomic_write_bytes` holds a lock on its
+    temporary (see :func:`_is_stale`)."""
     target = _target(path, "path")
     if not target.parent.is_dir():
         return []
@@ -175,7 +221,8 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     for suffix in (_TMP_SUFFIX, _PROBE_SUFFIX):
         for tmp in target.parent.glob(f".{target.name}.*{suffix}"):
             token = tmp.name[len(target.name) + 2:-len(suffix)]
-            if len(token) == 12 and all(c in "0123456789abcdef" for c in token):
+            if len(token) == 12 and all(c in "0123456789abcdef" for c in token) \
+                    and _is_stale(tmp):
                 try:
                     tmp.unlink(missing_ok=True)
                 except OSError:
@@ -201,6 +248,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, what: str = "out
     # os.open with 0o666 lets the umask decide the final mode, like a plain open() would.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
+        _lock(fd, wait=True)  # held until closed: remove_stale_temporaries leaves it alone
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
