@@ -82,7 +82,7 @@ def test_fifo_and_directory_inputs_are_refused_not_waited_on(files, tmp_path, ca
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["--seed", str(2**70)], "--seed must be at most"),
+    (["--seed", str(2**70)], "--seed must be an integer in [0, 9223372036854775807]"),
     (["--queries", "100000000"], "--queries must be at most"),
     (["--batch-size", "1000000000"], "--batch-size must be at most"),
 ])

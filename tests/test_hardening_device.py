@@ -156,7 +156,7 @@ def test_float_and_out_of_range_labels_are_refused_at_the_ctypes_boundary(progra
     (["--max-samples", "-3"], "--max-samples must lie in"),
     (["--queries", "100000000"], "--queries must lie in"),
     (["--batch-size", "1000000000"], "--batch-size must lie in"),
-    (["--seed", str(2**70)], "--seed must be at most"),
+    (["--seed", str(2**70)], "--seed must be an integer in [0, 9223372036854775807]"),
 ])
 def test_export_options_are_bounded_before_any_work(tmp_path, capsys, extra, match):
     assert main(["device", "export", "--model", "digits-mlp", "--out", str(tmp_path / "p"),

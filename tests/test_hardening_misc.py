@@ -198,3 +198,12 @@ def test_a_negative_schedule_is_refused_not_ascended():
     with pytest.raises(ValueError, match=r"schedule returned -1 at step 0.*ascend"):
         fit(_trainer(), torch.randn(4, 4), torch.tensor([0, 1, 2, 0]), epochs=1, batch_size=4,
             lr=0.1, schedule=lambda t: -1)
+
+
+@pytest.mark.parametrize("argv", [["fleet"], ["demo"]])
+def test_a_huge_seed_is_a_usage_error_for_every_command(argv, capsys):
+    from bpfree.cli import main
+
+    assert main([*argv, "--seed", str(2**70)]) == 2
+    err = capsys.readouterr().err
+    assert "--seed must be an integer in [0, " in err and "Overflow" not in err

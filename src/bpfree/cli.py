@@ -248,6 +248,19 @@ def _check_outputs(args: argparse.Namespace) -> None:
                       "it will be created when the file is written", file=sys.stderr)
 
 
+#: Seeds feed torch's and numpy's generators, which take at most 64-bit signed values.
+MAX_SEED = 2**63 - 1
+
+
+def _check_seed(args: argparse.Namespace) -> None:
+    """Every command's ``--seed`` within what the generators take (a command may lower the
+    bound with ``set_defaults(seed_max=...)``), so 2**70 is a usage error, not torch's
+    'Overflow when unpacking long long'."""
+    seed, top = getattr(args, "seed", None), getattr(args, "seed_max", MAX_SEED)
+    if isinstance(seed, int) and not 0 <= seed <= top:
+        raise ValueError(f"--seed must be an integer in [0, {top}], got {seed}")
+
+
 def _error(message: str, hint: str = "") -> None:
     print(f"{PROG}: error: {' '.join(str(message).split())}{hint}", file=sys.stderr)
 
@@ -303,6 +316,7 @@ def _main(argv: list[str]) -> int:
     args.command_line = shlex.join([PROG, *argv])  # recorded in result files
     debug = _debug_enabled(args)
     try:
+        _check_seed(args)
         _check_outputs(args)
         return int(handler(args) or 0)
     except (ValueError, FileNotFoundError) as exc:
