@@ -294,7 +294,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for name in _OUTPUT_OPTIONS:
         value = getattr(args, name, None)
         if isinstance(value, str):
-            check_output_path(value, what=f"--{name}")
+            # a command whose --out is a folder it creates (device export) checks the file it
+            # writes first inside it
+            inside = getattr(args, f"{name}_folder_file", None)
+            check_output_path(os.path.join(value, inside) if inside else value,
+                              what=f"--{name}")
             missing = first_missing_folder(value)
             if missing is not None:
                 # Said before the work, so a mistyped folder shows now, not after the run.
@@ -312,6 +316,19 @@ def _apply_common(args: argparse.Namespace) -> None:
     torch.set_num_threads(default_threads() if threads is None else threads)
     if getattr(args, "quiet", False):
         progress.silence()
+
+
+#: Seeds feed torch's and numpy's generators, which take at most 64-bit signed values.
+MAX_SEED = 2**63 - 1
+
+
+def _check_seed(args: argparse.Namespace) -> None:
+    """Every command's ``--seed`` within what the generators take (a command may lower the
+    bound with ``set_defaults(seed_max=...)``), so 2**70 is a usage error, not torch's
+    'Overflow when unpacking long long'."""
+    seed, top = getattr(args, "seed", None), getattr(args, "seed_max", MAX_SEED)
+    if isinstance(seed, int) and not 0 <= seed <= top:
+        raise ValueError(f"--seed must be an integer in [0, {top}], got {seed}")
 
 
 def _error(message: str, hint: str = "") -> None:
@@ -370,6 +387,7 @@ def _main(argv: list[str]) -> int:
     debug = _debug_enabled(args)
     try:
         _apply_common(args)
+        _check_seed(args)
         _check_outputs(args)
         return int(handler(args) or 0)
     except (ValueError, FileNotFoundError) as exc:

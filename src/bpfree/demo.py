@@ -57,6 +57,7 @@ INPUT_RANGE = (0.0, 1.0)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n\n")[0].replace("``", "")
     d = DEFAULTS
+    parser.set_defaults(seed_max=MAX_SEED)  # checked by bpfree.cli before any work
     parser.add_argument("--seed", type=int, default=d["seed"],
                         help="run seed (data split, pretraining, perturbations, batches)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")

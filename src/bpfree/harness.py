@@ -111,10 +111,37 @@ def check_learning_rate(lr) -> float:
 
 
 def check_batch(x: torch.Tensor, y: torch.Tensor) -> None:
-    """A clear ValueError unless inputs and labels hold the same non-zero number of samples."""
+    """A clear ValueError unless inputs and labels hold the same non-zero number of samples,
+    integer labels are >= 0 (cross-entropy silently skips -100) and float targets finite."""
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y must hold the same non-zero number of samples, got "
                          f"{x.shape[0]} and {y.shape[0]}")
+    if not isinstance(y, torch.Tensor):
+        return
+    if y.dtype == torch.bool:
+        raise ValueError("labels y must be integer class indices, got a bool tensor")
+    if y.is_floating_point():
+        bad = (~torch.isfinite(y)).nonzero()
+        if len(bad):
+            raise ValueError(f"y holds a non-finite value {y[tuple(bad[0])].item()} at index "
+                             f"{tuple(bad[0].tolist())}")
+    elif not y.is_complex():
+        bad = (y < 0).nonzero()
+        if len(bad):
+            raise ValueError(f"labels must be class indices >= 0, got {y[tuple(bad[0])].item()} "
+                             f"at index {tuple(bad[0].tolist())}")
+
+
+def _label_error(err: Exception, y: torch.Tensor) -> ValueError | None:
+    """A ValueError naming the labels for torch's own errors about them, else None."""
+    text = str(err)
+    if isinstance(err, IndexError) and "out of bounds" in text:
+        return ValueError(f"a label is out of range for the model's outputs ({text.strip()}); "
+                          f"labels here run from {int(y.min())} to {int(y.max())}")
+    if isinstance(err, RuntimeError) and ("expected scalar type Long" in text
+                                          or "expected target dtype" in text):
+        return ValueError(f"labels must be integer class indices (int64), got dtype {y.dtype}")
+    return None
 
 
 def cosine_lr(base: float, step: int, total: int) -> float:
@@ -275,9 +302,27 @@ def fit(method: Method, x: torch.Tensor | Iterable, y: torch.Tensor | None = Non
             elif kind == "constant":
                 rate = lr
             else:
-                rate = lr * schedule(epoch if schedule_unit == "epoch" else step)
+                unit = epoch if schedule_unit == "epoch" else step
+                factor = schedule(unit)
+                rate = lr * factor
+                try:
+                    ok = math.isfinite(float(rate)) and float(rate) >= 0
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    bar.close()
+                    raise ValueError(f"the schedule returned {factor!r} at "
+                                     f"{schedule_unit} {unit}: the rate must be a finite number "
+                                     ">= 0 (a negative one would ascend the loss)")
             first_rate = rate if first_rate is None else first_rate
-            out = method.step(xb, yb, rate)
+            try:
+                out = method.step(xb, yb, rate)
+            except (IndexError, RuntimeError) as err:
+                better = _label_error(err, yb)
+                if better is None:
+                    raise
+                bar.close()
+                raise better from None
             loss = float(out["loss"])
             if not math.isfinite(loss) and not (nonfinite_ok is not None and nonfinite_ok(out)):
                 message = f"non-finite loss at epoch {epoch}, step {k}"

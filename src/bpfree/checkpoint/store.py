@@ -18,7 +18,8 @@ from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
 from .. import __version__
-from ..io import atomic_write_bytes, check_output_path, remove_stale_temporaries
+from ..io import (atomic_write_bytes, check_input_file, check_output_path,
+                  remove_stale_temporaries)
 from .format import (_K_DIGEST, _K_FORMAT, _K_LIBRARY, _K_SKELETON, _K_TENSORS, _K_VERSION,
                      _MAGIC, _SECTIONS, FORMAT_VERSION, Checkpoint, CheckpointError, _check_header,
                      _decode, _digest, _dumps, _Encoder, _tensor_bytes)
@@ -96,8 +97,13 @@ def save_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module | None = 
         raise ValueError("nothing to save: pass model/model_state, optimizer/optimizer_state "
                          "or extra")
     check_output_path(path, what="checkpoint path")
-    data = serialize_checkpoint(model_state=model_state, optimizer_state=optimizer_state,
-                                extra=extra)
+    try:
+        data = serialize_checkpoint(model_state=model_state, optimizer_state=optimizer_state,
+                                    extra=extra)
+    except RecursionError:
+        raise ValueError("the state to save is nested too deeply (or holds a reference to "
+                         "itself); checkpoints hold plain nested dicts, lists and tensors"
+                         ) from None
     remove_stale_temporaries(path)  # left by a save that was killed (SIGKILL, power cut)
     return atomic_write_bytes(path, data, what="checkpoint path")
 
@@ -125,6 +131,10 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.is_dir():
         raise CheckpointError(f"checkpoint path {path} is a directory, not a file")
+    try:  # a FIFO or device would block or never end
+        check_input_file(path, "checkpoint path")
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
     # One read gives a consistent snapshot even if a writer replaces the file meanwhile.
     data = path.read_bytes()
     meta = _check_header(data, path)
@@ -141,7 +151,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     try:
         skeleton = json.loads(meta[_K_SKELETON])
         records = json.loads(meta[_K_TENSORS])
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting too deep
         raise _corrupt(path, f"unreadable metadata ({e})") from None
 
     try:
@@ -169,8 +179,10 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
                     for name in _SECTIONS}
         module_meta = skeleton.get("model_state_metadata")
         module_meta = None if module_meta is None else _decode(module_meta, tensors, used)
-    except (KeyError, ValueError, TypeError, IndexError) as e:
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as e:
         raise _corrupt(path, f"malformed structure in the metadata ({e!r})") from None
+    except RecursionError:
+        raise _corrupt(path, "the metadata is nested too deeply") from None
     if used != set(tensors):
         raise _corrupt(path, f"{len(set(tensors) - used)} stored tensors are not referenced")
     for name in _SECTIONS:

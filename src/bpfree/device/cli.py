@@ -11,18 +11,26 @@ import torch
 
 from ..data import load_digits_split
 from ..data.idx import load_mnist
-from ..io import write_json
+from ..data.npz import load_npz
+from ..io import check_input_file, refuse_output_over_input, write_json
 from ..memory_cli import DEFAULT_BATCH_QUERIES
 from ..models import digits_mlp, mcunet_in1, mnist_cnn
 from ..models.mcunet import load_quantized
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import block, split_blocks
 from ..quant import quantize_model
+from ..tflite.reader import load as load_tflite
 from .export import DeviceProgram, export_c
+from .model_file import load_model
+from .validate import MAX_BATCH, MAX_SAMPLES
 from .report import format_report, program_report
 from .run import run_c
 
 MODELS = ("digits-mlp", "mnist-cnn", "mcunet-in1")
+#: Largest values of the count options: the C driver indexes its static buffers with int32,
+#: and these keep them (and a run) far below that (bpfree.device.validate has the same bounds).
+LIMITS = {"queries": 10_000, "batch_size": MAX_BATCH, "max_samples": MAX_SAMPLES,
+          "samples": 1 << 24, "steps": 1 << 24}
 DATASETS = ("digits", "mnist")
 
 
@@ -38,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("--target", default="host", choices=["host", "cortex-m7"],
                     help="host: system C compiler; cortex-m7: arm-none-eabi + QEMU mps2-an500")
     ex.add_argument("--out", required=True, help="project directory to create (must not exist)")
+    ex.set_defaults(out_folder_file="program.json")
     ex.add_argument("--sparse", action="store_true",
                     help="train only one of four blocks (PMT §3.3 sparse update); see --block")
     ex.add_argument("--block", type=int, default=4, choices=(1, 2, 3, 4),
@@ -94,10 +103,15 @@ def build_model(name: str):
     if path.is_dir():  # graph.json + weights.npz, as bpfree.models.mcunet reads them
         model = load_quantized(path)
         return model, torch.zeros(1, *model.sample_shape, dtype=torch.int8)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"--model must be one of {MODELS}, a model folder (graph.json + "
-                         f"weights.npz) or an existing .pt file, got {name!r}")
-    model = torch.load(path, weights_only=False)
+                         f"weights.npz), a .tflite file or a saved .pt QuantizedModel, "
+                         f"got {name!r}")
+    if path.suffix.lower() == ".tflite":
+        check_input_file(path, "--model")
+        model = load_tflite(path)
+        return model, torch.zeros(1, *model.input_shape, dtype=torch.int8)
+    model = load_model(path, what="--model")  # restricted unpickler: never runs code
     shape = getattr(model, "sample_shape", None)
     if shape is None:
         raise ValueError(f"{path}: a saved model needs a `sample_shape` attribute (per-sample "
@@ -105,14 +119,26 @@ def build_model(name: str):
     return model, torch.zeros(1, *shape, dtype=torch.int8)
 
 
+def _check_export_options(args) -> None:
+    for name in ("queries", "batch_size", "max_samples"):
+        value = getattr(args, name)
+        if not 1 <= value <= LIMITS[name]:
+            raise ValueError(f"--{name.replace('_', '-')} must lie in [1, {LIMITS[name]}], "
+                             f"got {value}")
+    out = Path(args.out)
+    if out.exists():
+        raise ValueError(f"--out: {out} already exists; export writes a new project directory "
+                         "(remove it or choose another --out)")
+    if Path(args.model).exists():
+        refuse_output_over_input({"--out": args.out}, {"--model": args.model})
+
+
 def _export(args) -> int:
     # (batch, Q): the paper's for MCUNet-in1 (PMT Tables 8-9), the same as `bpfree memory`'s
     batch, queries = DEFAULT_BATCH_QUERIES.get(args.model, (8, 2))
     args.batch_size = batch if args.batch_size is None else args.batch_size
     args.queries = queries if args.queries is None else args.queries
-    for name in ("batch_size", "queries"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    _check_export_options(args)
     model, example = build_model(args.model)
     config = PMTConfig(queries=args.queries, seed=args.seed, device_exact=True)
     trainable = None
@@ -138,14 +164,14 @@ def _dataset(name: str, samples: int):
         images, labels = load_mnist(split="train")
         x = torch.tensor(images[:samples], dtype=torch.float32).div_(255).unsqueeze(1)
         return x, torch.tensor(labels[:samples])
-    path = Path(name)
-    if not path.is_file():
+    if not Path(name).exists():
         raise ValueError(f"--data must be one of {DATASETS} or an .npz file, got {name!r}")
-    with np.load(path) as data:
-        return torch.from_numpy(data["x"][:samples]), torch.from_numpy(data["y"][:samples])
+    x, y = load_npz(name, what="--data", rows=samples)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _run(args) -> int:
+    _check_run_options(args)
     program = DeviceProgram.load(args.dir)
     x, y = _dataset(args.data, args.samples)
     result = run_c(program, x, y, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
@@ -159,7 +185,21 @@ def _run(args) -> int:
     return 0
 
 
+def _check_run_options(args) -> None:
+    for name in ("steps", "batch_size", "samples"):
+        value = getattr(args, name)
+        low = 0 if name == "steps" else 1
+        if not low <= value <= LIMITS[name]:
+            raise ValueError(f"--{name.replace('_', '-')} must lie in [{low}, {LIMITS[name]}], "
+                             f"got {value}")
+    inputs = {"DIR": args.dir}
+    if args.data not in DATASETS:
+        inputs["--data"] = args.data
+    refuse_output_over_input({"--json": args.json}, inputs)
+
+
 def _main_report(args) -> int:
+    refuse_output_over_input({"--json": args.json}, {"DIR": args.dir})
     report = program_report(args.dir)
     print(format_report(report))
     if args.json:

@@ -4,7 +4,8 @@ The project (``model.c``, the fixed runtime, a ``main.c`` driver, a Makefile and
 ``cortex-m7``, a linker script and start-up file) needs libc and libm only and allocates
 nothing: the arena is static and sized from :func:`~bpfree.device.plan.plan_arena`.
 ``program.json`` records what the program was built from (config, trainable layers, plan), and
-``model.pt`` the integer model it started from, so :func:`~bpfree.device.run.run_c` can load
+``model.pt`` the integer model it started from (read back without unpickling code,
+:mod:`.model_file`), so :func:`~bpfree.device.run.run_c` can load
 the C-trained weights back into a copy of it.
 
 The directory appears whole or not at all: everything is written into a temporary sibling and
@@ -30,6 +31,8 @@ from ..updates.integer_layer import quantization_aware_scales
 from .emit import MODEL_H, model_c
 from .lower import Graph, lower
 from .mcu import main_defines, mcu_sources
+from .model_file import load_model, save_model
+from .validate import ProgramError, check_against_model, check_meta
 from .plan import ArenaPlan, TrainableSpec, plan_arena
 
 TARGETS = ("host", "cortex-m7")
@@ -51,10 +54,13 @@ class DeviceProgram:
         if not meta_path.is_file():
             raise ValueError(f"{path} is not a device program (no program.json); create one "
                              "with `bpfree device export`")
-        meta = json.loads(meta_path.read_text())
-        # model.pt is written by export_c itself (a QuantizedModel holds frozen quantization
-        # objects that only a full pickle restores).
-        model = torch.load(path / "model.pt", weights_only=False)
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, RecursionError) as err:
+            raise ProgramError(f"{meta_path}: not valid JSON ({err})") from None
+        check_meta(meta, meta_path)
+        model = load_model(path / "model.pt", what=f"device program {path}")
+        check_against_model(meta, model, meta_path)
         return cls(path, meta, model)
 
     @property
@@ -133,6 +139,12 @@ libbpfree.so: $(SRC)
 """
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int | None = None,
              flash_kib: int | None = None, *, sample_shape=None, max_batch: int = 64,
              max_samples: int = 256, model_name: str | None = None) -> DeviceProgram:
@@ -180,11 +192,13 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        # mkdtemp makes the folder 0700; the project gets a plain mkdir's mode (0777 - umask)
+        os.chmod(tmp, 0o777 & ~_umask())
         for name, text in sources.items():
             (tmp / name).write_text(text)
         (tmp / "program.json").write_text(json.dumps(meta, indent=2) + "\n")
         model = copy.deepcopy(trainer.model)
-        torch.save(model, tmp / "model.pt")
+        save_model(model, tmp / "model.pt")
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

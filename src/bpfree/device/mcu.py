@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..io import temporary_name
 from .result import LOSS_SCALE, DeviceResult, load_weights
 
 TOOLS = {"gcc": "arm-none-eabi-gcc", "size": "arm-none-eabi-size", "qemu": "qemu-system-arm"}
@@ -155,13 +156,14 @@ def build_elf(program, *, kernel_counts: bool = False) -> Path:
     elf.parent.mkdir(exist_ok=True)
     meta = program.meta
     defs = main_defines(meta, mcu=True) + (["-DBPFREE_KERNEL_COUNTS"] if kernel_counts else [])
-    tmp = elf.with_suffix(".elf.tmp")
+    tmp = temporary_name(elf)  # unique: concurrent builds
     cmd = [TOOLS["gcc"], *M7_FLAGS, *defs, "--specs=rdimon.specs", "-T", str(path / "link.ld"),
            "-Wl,--gc-sections", "-o", str(tmp),
            *[str(path / n) for n in ("model.c", "bpfree_runtime.c", "main.c", "startup.c")],
            "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
+        tmp.unlink(missing_ok=True)
         err = proc.stderr
         if "overflowed by" in err or "will not fit" in err:
             raise RuntimeError(f"the program does not fit the MCU (SRAM {meta['sram_kib']} KiB, "

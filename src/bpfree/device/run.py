@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..io import temporary_name
 from .export import DeviceProgram
 from .mcu import infer_emulated, run_emulated
 from .result import LOSS_SCALE, DeviceResult, load_weights
@@ -50,11 +51,12 @@ def build_host_library(program: DeviceProgram) -> Path:
     if lib.exists() and lib.stat().st_mtime >= newest:
         return lib
     lib.parent.mkdir(exist_ok=True)
-    tmp = lib.with_suffix(".so.tmp")
+    tmp = temporary_name(lib)  # unique: concurrent builds
     cmd = [find_compiler(), *HOST_CFLAGS, "-shared", "-fPIC", "-o", str(tmp),
            *map(str, sources), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
+        tmp.unlink(missing_ok=True)
         raise RuntimeError(f"compiling {program.path} failed:\n{proc.stderr[-4000:]}")
     tmp.replace(lib)
     return lib
@@ -97,8 +99,12 @@ def _check_run_args(program: DeviceProgram, x, y, steps, batch_size, lr) -> None
         raise ValueError(f"batch_size {batch_size} exceeds the program's arena (max_batch "
                          f"{program.meta['max_batch']}); export with a larger max_batch")
     classes = program.meta["classes"]
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool or y.ndim != 1:
+        raise ValueError(f"y must be a 1-D tensor of integer class labels, got dtype {y.dtype} "
+                         f"and shape {tuple(y.shape)}")
     if int(y.min()) < 0 or int(y.max()) >= classes:
-        raise ValueError(f"labels must lie in [0, {classes - 1}]")
+        raise ValueError(f"labels must lie in [0, {classes - 1}], got [{int(y.min())}, "
+                         f"{int(y.max())}]")
 
 
 def run_c(program, x: torch.Tensor, y: torch.Tensor, steps: int, batch_size: int,

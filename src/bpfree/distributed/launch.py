@@ -5,7 +5,8 @@ saves it, and starts W worker processes (``spawn``) that join a gloo process gro
 ``127.0.0.1`` with one thread each. Each writes its result, or the error that stopped it, to
 a file the parent reads. A worker that dies makes the others' next ``all_reduce`` fail
 (:class:`~.comm.WorkerLost`) within the group's timeout; the parent waits at most that long
-(plus a margin) for the others to stop by themselves, then terminates them, and raises
+(plus a margin) for the others to stop by themselves, then terminates them (SIGTERM, then
+SIGKILL for any still alive a few seconds later: a stopped worker too), and raises
 :class:`FleetError` naming what each worker did. Nothing waits forever.
 """
 
@@ -103,19 +104,23 @@ def launch(workers: int, options: FleetOptions, setup: dict, *,
         return results
 
 
-def _wait(procs, timeout_s: float) -> None:
-    """Join all; once one has failed, give the rest ``timeout_s`` + 15 s to notice, then
-    terminate them (a hung collective must not hang the launcher)."""
+def _wait(procs, timeout_s: float, *, margin_s: float = 15.0, grace_s: float = 5.0) -> None:
+    """Join all; once one has failed, give the rest ``timeout_s`` + ``margin_s`` to notice,
+    then SIGTERM them, and SIGKILL whichever is still alive ``grace_s`` later: a hung
+    collective must not hang the launcher, and neither may a stopped (SIGSTOP) or
+    SIGTERM-ignoring worker, which multiprocessing's exit handler would join for ever."""
     deadline = None
     while any(p.is_alive() for p in procs):
         if deadline is None and any(p.exitcode not in (None, 0) for p in procs):
-            deadline = time.monotonic() + timeout_s + 15.0
+            deadline = time.monotonic() + timeout_s + margin_s
         if deadline is not None and time.monotonic() > deadline:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join(5.0)
+            for stop in ("terminate", "kill"):
+                for p in procs:
+                    if p.is_alive():
+                        getattr(p, stop)()
+                end = time.monotonic() + grace_s
+                for p in procs:
+                    p.join(max(0.0, end - time.monotonic()))
             return
         for p in procs:
             p.join(0.1)

@@ -26,7 +26,8 @@ from torch import nn
 
 from ..classify import load_image
 from ..harness import accuracy, fit, holdout_split
-from ..io import atomic_write_bytes
+from ..data.npz import load_npz
+from ..io import atomic_write_bytes, check_input_file, refuse_output_over_input
 from ..memory.rules import analytic
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import select_block, split_blocks
@@ -39,6 +40,12 @@ from .softmax import QSoftmax
 from .writer import file_bytes
 
 METHODS = ("pmt", "pmt-sparse", "qzo-ff")
+#: --queries above this are refused: each query is a forward pass per layer and step, and the
+#: paper's largest Q is 100 (PMT §4); a typo like 100000000 would run for days
+MAX_QUERIES = 10_000
+#: --batch-size above this is refused: a step holds Q perturbed activations of the batch
+MAX_BATCH = 65_536
+
 #: --queries when not given: PMT's Q per layer, QZO-FF's m (the paper's 3, Appendix B)
 DEFAULT_QUERIES = {"pmt": 10, "pmt-sparse": 10, "qzo-ff": 3}
 #: the analytic memory rule (bpfree.memory) and its bytes per value for each method
@@ -132,12 +139,20 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--lr must be a finite number > 0, got {args.lr}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    if not Path(args.model).is_file():
+    if args.batch_size > MAX_BATCH:
+        raise ValueError(f"--batch-size must be at most {MAX_BATCH}, got {args.batch_size}")
+    if args.queries is not None and args.queries > MAX_QUERIES:
+        raise ValueError(f"--queries must be at most {MAX_QUERIES} (the paper uses 100), got "
+                         f"{args.queries}")
+    if not Path(args.model).exists():
         raise FileNotFoundError(f"no such file: {args.model}")
+    check_input_file(args.model, "MODEL")
     if not Path(args.data).exists():
         raise FileNotFoundError(f"no such file or folder: {args.data}")
-    if Path(args.out).resolve() == Path(args.model).resolve():
-        raise ValueError("--out must differ from MODEL (the original file is kept)")
+    if not Path(args.data).is_dir():
+        check_input_file(args.data, "--data")
+    refuse_output_over_input({"--out": args.out, "--json": args.json},
+                             {"MODEL": args.model, "--data": args.data})
 
 
 def load_data(path, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,40 +162,45 @@ def load_data(path, input_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.T
     uint8 becomes float in [0, 1], other numbers float32. Raises ValueError for a file that does
     not hold them or does not fit the model.
     """
-    try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an .npz archive")
-        with archive as f:
-            arrays = {k: f[k] for k in ("x", "y") if k in f.files}
-            files = list(f.files)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same usage error
-        raise ValueError(f"{path}: not a readable .npz ({type(err).__name__}: {err})") from None
-    missing = [k for k in ("x", "y") if k not in arrays]
-    if missing:
-        raise ValueError(f"{path}: the .npz must hold arrays 'x' and 'y', missing {missing} "
-                         f"(it has {files})")
-    x, y = arrays["x"], arrays["y"]
-    if y.ndim != 1 or len(y) != len(x) or len(y) == 0 or y.dtype.kind not in "iu":
-        raise ValueError(f"{path}: y must be a 1-D array of integer labels, one per sample of "
-                         f"x ({len(x)}), got shape {y.shape} and dtype {y.dtype}")
     shape = tuple(input_shape)
-    if x.shape[1:] != shape:
-        if len(shape) == 3 and x.shape[1:] == (shape[1], shape[2], shape[0]):
-            x = x.transpose(0, 3, 1, 2)
-        elif len(shape) == 3 and shape[0] == 1 and x.shape[1:] == shape[1:]:
-            x = x[:, None]
-        else:
-            raise ValueError(f"{path}: x has samples of shape {x.shape[1:]}, the model takes "
+
+    def layout(x_shape: tuple[int, ...]) -> str | None:
+        if x_shape[1:] == shape:
+            return "nchw"
+        if len(shape) == 3 and x_shape[1:] == (shape[1], shape[2], shape[0]):
+            return "nhwc"
+        if len(shape) == 3 and shape[0] == 1 and x_shape[1:] == shape[1:]:
+            return "hw"
+        return None
+
+    def check(headers: dict) -> None:  # from the headers, before any array is unpacked
+        (x_shape, _), (y_shape, y_dtype) = headers["x"], headers["y"]
+        if not x_shape:
+            raise ValueError(f"{path}: x must hold one sample per row, got a scalar")
+        if len(y_shape) != 1 or y_shape[0] != x_shape[0] or not y_shape[0] \
+                or y_dtype.kind not in "iu":
+            raise ValueError(f"{path}: y must be a 1-D array of integer labels, one per sample "
+                             f"of x ({x_shape[0]}), got shape {y_shape} and dtype {y_dtype}")
+        if layout(x_shape) is None:
+            raise ValueError(f"{path}: x has samples of shape {x_shape[1:]}, the model takes "
                              f"{shape} (NCHW), or NHWC / (H, W) for one channel")
+
+    # x is converted to float32 (4 bytes a value) unless it is int8; y to int64
+    x, y = load_npz(path, ("x", "y"), what="--data", check=check,
+                    bytes_per_element={"x": 4, "y": 8})
+    kind = layout(x.shape)
+    if kind == "nhwc":
+        x = x.transpose(0, 3, 1, 2)
+    elif kind == "hw":
+        x = x[:, None]
     if x.dtype == np.int8:
         xt = torch.from_numpy(np.ascontiguousarray(x))
     elif x.dtype == np.uint8:
-        xt = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32) / 255.0
-    elif x.dtype.kind in "iuf":
-        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        xt = torch.from_numpy(np.ascontiguousarray(x)).to(torch.float32).div_(255.0)
     else:
-        raise ValueError(f"{path}: x must hold numbers, got dtype {x.dtype}")
+        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    if xt.is_floating_point() and not torch.isfinite(xt).all():
+        raise ValueError(f"{path}: x holds NaN or infinite values")
     return xt, torch.from_numpy(y.astype(np.int64))
 
 

@@ -38,9 +38,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..io import check_input_file
 from ..quant.layers import QAdd, QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear
 from ..quant.params import TensorQuant, WeightQuant
 from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_output_quant
+from .checks import check_model
 from .schema import (ACTIVATIONS, FILE_IDENTIFIER, SUPPORTED_OPS, TFLiteFormatError, op_name,
                      tflite, type_name)
 from .patch import TFLiteSource
@@ -48,6 +50,8 @@ from .softmax import OUTPUT_QUANT, QSoftmax
 from .stages import QPad, litert_linear
 
 _BO = tflite.BuiltinOperator
+#: Largest file read: a 2 GB flatbuffer is the format's own limit, and MCU models are < 10 MB.
+MAX_FILE_BYTES = 1 << 30
 _TT = tflite.TensorType
 _NUMPY = {_TT.INT8: "<i1", _TT.INT32: "<i4", _TT.INT64: "<i8", _TT.FLOAT32: "<f4"}
 
@@ -79,6 +83,7 @@ class _Reader:
                                     "bpfree loads models with exactly one")
         self.graph = self.model.Subgraphs(0)
         self.tensors = [self.graph.Tensors(i) for i in range(self.graph.TensorsLength())]
+        self._shapes: dict[int, tuple[int, ...]] = {}
         codes = []
         for i in range(self.model.OperatorCodesLength()):
             oc = self.model.OperatorCodes(i)
@@ -92,7 +97,7 @@ class _Reader:
             code = codes[idx]
             self.ops.append(_Op(i, code, op_name(code), [int(v) for v in op.InputsAsNumpy()],
                                 [int(v) for v in op.OutputsAsNumpy()], op))
-        for op in self.ops:
+        for op in self.ops:  # (negative indices, bar an absent bias: checks.check_model)
             for t in op.inputs + op.outputs:
                 if t >= len(self.tensors):
                     raise TFLiteFormatError(f"operator {op.index} ({op.name}): tensor index {t} "
@@ -105,8 +110,10 @@ class _Reader:
         return name.decode("utf-8", "replace") if name is not None else f"#{t}"
 
     def shape(self, t: int) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.tensors[t].ShapeAsNumpy()) \
-            if self.tensors[t].ShapeLength() else ()
+        if t not in self._shapes:  # cached: the checks and the builder ask many times
+            self._shapes[t] = tuple(int(s) for s in self.tensors[t].ShapeAsNumpy()) \
+                if self.tensors[t].ShapeLength() else ()
+        return self._shapes[t]
 
     def ttype(self, t: int) -> int:
         return int(self.tensors[t].Type())
@@ -353,6 +360,8 @@ class _Builder:
             if op.code not in SUPPORTED_OPS:
                 supported = ", ".join(SUPPORTED_OPS.values())
                 raise op.fail(r, f"unsupported operator (supported: {supported})")
+        check_model(r)  # indices, enums, shapes against each other, sizes (checks.py)
+        for op in ops:
             for t in op.inputs + op.outputs:
                 if t >= 0 and r.ttype(t) == _TT.INT16:
                     raise op.fail(r, "int16 activations are not supported (int8 only)", t)
@@ -429,8 +438,9 @@ class _Builder:
             return self.stage(op, q)
         except TFLiteFormatError:
             raise
-        except ValueError as err:
-            raise op.fail(self.r, str(err)) from None
+        except (ValueError, ArithmeticError, IndexError, RuntimeError) as err:
+            # a check missed above still names the operator, never a bare ZeroDivisionError
+            raise op.fail(self.r, f"{type(err).__name__}: {err}") from None
 
 
 def from_bytes(data: bytes) -> QuantizedModel:
@@ -456,6 +466,18 @@ def load(path: str | os.PathLike) -> QuantizedModel:
     :class:`~bpfree.tflite.schema.TFLiteFormatError` (a ValueError) for an unsupported operator,
     a float or int16 model, or a truncated or corrupt file, and FileNotFoundError.
     """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        check_input_file(path, "model")
+    except ValueError as err:
+        raise TFLiteFormatError(str(err)) from None
+    size = os.path.getsize(path)
+    if size > MAX_FILE_BYTES:
+        raise TFLiteFormatError(f"{path} is {size / 2**20:.0f} MiB; bpfree loads .tflite files "
+                                f"of at most {MAX_FILE_BYTES >> 20} MiB (MCU models are far "
+                                "smaller)")
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(MAX_FILE_BYTES + 1)
     return from_bytes(data)

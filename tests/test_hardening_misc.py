@@ -1,0 +1,209 @@
+"""Issue 34, the remaining findings: the fleet launcher's SIGKILL escalation, the seed
+ledger's checksum and errors, the checkpoint clean-up race, FIFOs and deep nesting, bad labels
+and negative schedules."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from bpfree import io
+from bpfree.baselines.bp import BPTrainer
+from bpfree.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from bpfree.distributed import LedgerError, SeedLedger
+from bpfree.distributed.launch import _wait
+from bpfree.harness import fit
+
+# ------------------------------------------------------------------------------- fleet
+
+
+def test_a_stopped_worker_is_killed_after_the_timeout_not_waited_on():
+    """A SIGSTOPped worker ignores SIGTERM until continued; the launcher must SIGKILL it, or
+    multiprocessing's exit handler joins it for ever."""
+    ctx = mp.get_context("fork")
+    failed = ctx.Process(target=sys.exit, args=(1,), daemon=True)
+    stopped = ctx.Process(target=time.sleep, args=(600,), daemon=True)
+    failed.start()
+    stopped.start()
+    os.kill(stopped.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        _wait([failed, stopped], timeout_s=0.2, margin_s=0.1, grace_s=0.5)
+    finally:
+        if stopped.is_alive():  # never leave it behind, whatever happened
+            os.kill(stopped.pid, signal.SIGKILL)
+            stopped.join(5)
+    assert not stopped.is_alive()
+    assert stopped.exitcode == -signal.SIGKILL
+    assert time.monotonic() - start < 5
+
+
+# ------------------------------------------------------------------------------- ledger
+
+HEADER = {"run": "test"}
+RECORD = {"round": 0, "seed": 1, "lr": 0.1, "count": 4, "sums": [3, -2]}
+
+
+def _ledger(tmp_path):
+    path = tmp_path / "ledger.json"
+    SeedLedger(path, HEADER).append(dict(RECORD))
+    return path
+
+
+def test_one_flipped_sum_is_caught_by_the_checksum(tmp_path):
+    path = _ledger(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["rounds"][0]["sums"][0] = 4  # silently replayed before
+    path.write_text(json.dumps(doc))
+    with pytest.raises(LedgerError, match=f"{path}: the checksum does not match"):
+        SeedLedger(path, HEADER)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.pop("rounds"), "'rounds' must be a list"),
+    (lambda d: d.__setitem__("rounds", {"0": 1}), "'rounds' must be a list"),
+    (lambda d: d["rounds"][0].pop("sums"), "checksum does not match|must hold exactly"),
+    (lambda d: d.__setitem__("format", 7), "not a seed ledger"),
+    (lambda d: d.__setitem__("header", [[[[]]]]), "checksum does not match"),
+])
+def test_ledger_errors_name_the_file(tmp_path, edit, match):
+    path = _ledger(tmp_path)
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(LedgerError, match=match) as err:
+        SeedLedger(path, HEADER)
+    assert str(path) in str(err.value)
+
+
+def test_a_deeply_nested_or_fifo_ledger_names_the_file(tmp_path):
+    path = tmp_path / "ledger.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(LedgerError, match=f"{path}: not a readable JSON ledger"):
+        SeedLedger(path, HEADER)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(LedgerError, match="not a regular file"):
+        SeedLedger(fifo, HEADER)
+
+
+def test_a_record_with_wrong_types_names_the_file(tmp_path):
+    path = tmp_path / "ledger.json"
+    ledger = SeedLedger(path, HEADER)
+    for bad in ({**RECORD, "sums": 5}, {**RECORD, "lr": "fast"}, {**RECORD, "seed": 1.5}):
+        with pytest.raises(LedgerError, match=str(path)):
+            ledger.append(bad)
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+def test_cleanup_never_removes_a_live_writers_temporary(tmp_path):
+    """The race of issue 34: a load deleted the temporary a concurrent save was writing."""
+    import fcntl
+
+    path = tmp_path / "ck.safetensors"
+    live = tmp_path / f".{path.name}.0123456789ab.tmp"
+    fd = os.open(live, os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what atomic_write_bytes holds while it writes
+    os.write(fd, b"partial")
+    old = time.time() - 3600
+    os.utime(live, (old, old))
+    dead = tmp_path / f".{path.name}.ba9876543210.tmp"
+    dead.write_bytes(b"left by a kill")
+    try:
+        assert io.remove_stale_temporaries(path) == [dead]
+        assert live.exists()
+    finally:
+        os.close(fd)
+    assert io.remove_stale_temporaries(path) == [live]  # its writer is gone now
+
+
+def test_concurrent_saves_and_loads_never_lose_the_checkpoint(tmp_path):
+    path = tmp_path / "ck.safetensors"
+    state = {"w": torch.arange(2_000_000, dtype=torch.float32)}  # 8 MB: a save takes a while
+    save_checkpoint(path, model_state=state, extra={"step": 0})
+    errors, stop = [], threading.Event()
+
+    def saver():
+        try:
+            for step in range(1, 9):
+                save_checkpoint(path, model_state=state, extra={"step": step})
+        except Exception as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+        finally:
+            stop.set()
+
+    def loader():
+        try:
+            while not stop.is_set():
+                load_checkpoint(path)
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=saver), threading.Thread(target=loader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert load_checkpoint(path).extra == {"step": 8}
+
+
+def test_checkpoint_fifo_and_deep_nesting_are_clear_errors(tmp_path):
+    fifo = tmp_path / "ck.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_checkpoint(fifo)
+    deep: list = []
+    node = deep
+    for _ in range(100_000):
+        node.append([])
+        node = node[0]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        save_checkpoint(tmp_path / "deep.safetensors", extra={"deep": deep})
+    assert not (tmp_path / "deep.safetensors").exists()
+
+
+# ------------------------------------------------------------------------------- labels
+
+
+def _trainer():
+    torch.manual_seed(0)
+    return BPTrainer(nn.Linear(4, 3), "sgd")
+
+
+@pytest.mark.parametrize("labels, match", [
+    (torch.tensor([0, 1, 5, 2]), "out of range"),
+    (torch.tensor([0, -1, 1, 2]), r"class indices >= 0, got -1 at index \(1,\)"),
+    (torch.tensor([0.0, 1.0, 2.0, 1.0]), "integer class indices"),
+    (torch.tensor([0.0, float("nan"), 2.0, 1.0]), r"non-finite value nan at index \(1,\)"),
+    (torch.tensor([True, False, True, False]), "bool"),
+])
+def test_bad_labels_are_value_errors_naming_them(labels, match):
+    with pytest.raises(ValueError, match=match):
+        fit(_trainer(), torch.randn(4, 4), labels, epochs=1, batch_size=4, lr=0.1)
+
+
+def test_a_negative_schedule_is_refused_not_ascended():
+    with pytest.raises(ValueError, match=r"schedule returned -1 at step 0.*ascend"):
+        fit(_trainer(), torch.randn(4, 4), torch.tensor([0, 1, 2, 0]), epochs=1, batch_size=4,
+            lr=0.1, schedule=lambda t: -1)
+
+
+@pytest.mark.parametrize("argv", [["fleet"], ["demo"]])
+def test_a_huge_seed_is_a_usage_error_for_every_command(argv, capsys):
+    from bpfree.cli import main
+
+    assert main([*argv, "--seed", str(2**70)]) == 2
+    err = capsys.readouterr().err
+    assert "--seed must be an integer in [0, " in err and "Overflow" not in err
