@@ -181,3 +181,15 @@ def test_fast_path_rejects_float_input():
     staged = StagedModel(qmodel, engine="fast")
     with pytest.raises(ValueError, match="int8"):
         staged.from_stage(0, x[:2])
+
+
+def test_non_contiguous_inputs_are_read_correctly():
+    """The kernels index raw memory: a strided view must give the reference's result."""
+    gen = torch.Generator().manual_seed(4)
+    conv = _conv(gen, 8, 16, 1)
+    x = _int8(2, 8, 6, 12, gen=gen)[..., ::2]  # (2, 8, 6, 6), not contiguous
+    assert torch.equal(_fast(conv).run(0, x), conv(x))
+    lin = QLinear(_int8(5, 6, gen=gen), None, weight_scale=0.01,
+                  input_quant=TensorQuant(0.03, 1), output_quant=TensorQuant(0.1, 0))
+    xl = _int8(6, 4, gen=gen).T  # (4, 6), transposed
+    assert torch.equal(_fast(lin).run(0, xl), lin(xl))

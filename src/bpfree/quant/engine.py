@@ -214,6 +214,7 @@ def _conv_op(lib, module: QConv2d):
     pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and not depthwise
 
     def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()  # the kernels index raw memory: a no-op on the engine's own outputs
         n, h, w, c = x.shape
         if c != module.in_channels:
             raise ValueError(f"input must have {module.in_channels} channels, got {c}")
@@ -253,7 +254,7 @@ def _linear_op(lib, module: QLinear):
             raise ValueError(f"input must have shape (..., {module.in_features}), "
                              f"got {tuple(x.shape)}")
         packed.refresh()
-        rows = x.reshape(-1, module.in_features)
+        rows = x.reshape(-1, module.in_features).contiguous()
         out = torch.empty(rows.shape[0], module.out_features, dtype=torch.int8)
         off = packed.offset(tuple(x.shape[:-1]) + (module.out_features,))
         scratch = torch.empty((packed.k + 1) // 2, dtype=torch.int32)
