@@ -314,8 +314,11 @@ def _figures(results, problem, mode):
         z = torch.cat([s[:, None].repeat(1, problem.dim), torch.full((101, 1), t)], 1)
         exact = problem.exact(z)[:, 0]
         for label, res in results.items():
+            # the full mode trains in float64: evaluate each network in its own dtype
+            param = next(res.net.parameters(), None)
+            zz = z if param is None else z.to(param.dtype)
             with torch.no_grad():
-                err = (res.net(z)[:, 0] - exact).abs()
+                err = (res.net(zz)[:, 0] - exact.to(zz.dtype)).abs().float()
             ax.semilogy(s, err.clamp_min(1e-8), label=label)
         ax.set_xlabel("s  (x = s·1)")
         ax.set_ylabel("|u_θ − u|")

@@ -310,7 +310,7 @@ def _apply_common(args: argparse.Namespace) -> None:
     """Set torch's intra-op threads and, with ``--quiet``, silence every progress bar."""
     import torch  # lazy: `bpfree --help` stays instant
 
-    from bpfree import progress
+    from bpfree import progress  # lazy: as torch above
 
     threads = getattr(args, "threads", None)
     torch.set_num_threads(default_threads() if threads is None else threads)
@@ -375,6 +375,16 @@ def _interrupt_exits_at_once() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _restore_common(args: argparse.Namespace) -> None:
+    """Lift ``--quiet`` when the command returns, so that ``main()`` called in a process that
+    goes on (a test, a notebook) does not silence every later progress bar. (``--threads``
+    stays: setting torch's threads is what that flag is for.)"""
+    if getattr(args, "quiet", False):
+        from bpfree import progress  # lazy: as in _apply_common
+
+        progress.silence(False)
+
+
 def _main(argv: list[str]) -> int:
     with _interrupt_exits_at_once():
         parser = build_parser()
@@ -405,6 +415,8 @@ def _main(argv: list[str]) -> int:
             raise
         _error(f"{type(exc).__name__}: {exc}", " (run with --debug for the traceback)")
         return 1
+    finally:
+        _restore_common(args)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from .progress import logger, progress_bar
+from .plotting import pyplot, save_figure  # matplotlib itself loads only to draw
 
 log = logger.getChild("harness")
 
@@ -79,8 +80,6 @@ class History:
         cumulative forward passes, the learning rate per step, and the validation accuracy
         per epoch when there is one. Returns the figure; with ``path`` it is also written
         as PNG (parents created) and closed."""
-        from .plotting import pyplot, save_figure  # lazy: matplotlib only to draw
-
         plt = pyplot()
         panels = 3 if self.val_acc else 2
         fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4))

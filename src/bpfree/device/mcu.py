@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..io import temporary_name
+from .lower import KERNEL_CLASSES
 from .result import LOSS_SCALE, DeviceResult, load_weights
 
 TOOLS = {"gcc": "arm-none-eabi-gcc", "size": "arm-none-eabi-size", "qemu": "qemu-system-arm"}
@@ -294,8 +295,6 @@ def kernel_instructions(program, xs: np.ndarray) -> dict[str, int]:
     over the inference of ``xs`` on the emulated Cortex-M7: the board timer is read around
     every operator (``-icount shift=0``, :data:`INSNS_PER_TICK` instructions a tick), so each
     operator's count is exact to within a tick."""
-    from .lower import KERNEL_CLASSES
-
     elf = build_elf(program, kernel_counts=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

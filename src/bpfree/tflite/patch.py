@@ -20,31 +20,18 @@ to writing a new graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
+from .reader import from_bytes
 from .schema import tflite
+from .source import TFLiteSource
 
 __all__ = ["PatchError", "TFLiteSource", "patched_bytes"]
 
 
 class PatchError(ValueError):
     """The model can no longer be written into its original file (the message says why)."""
-
-
-@dataclass(frozen=True)
-class TFLiteSource:
-    """Where a layer's integers live in its file: the weight and bias tensor indices (bias -1:
-    none), the operator kind (``"conv"``, ``"depthwise"``, ``"fc"``) and, for a
-    FULLY_CONNECTED after a RESHAPE of an NHWC tensor, that tensor's ``(H, W, C)`` (the reader
-    permuted the weight columns to NCHW order)."""
-
-    weight: int
-    bias: int
-    kind: str
-    flatten_hwc: tuple[int, int, int] | None = None
 
 
 def file_weight(weight: np.ndarray, source: TFLiteSource) -> np.ndarray:
@@ -113,7 +100,6 @@ def patched_bytes(model) -> bytes:
     """The file ``model`` was loaded from, with its trained weights and biases written in; every
     other byte unchanged. Raises :class:`PatchError` when the model was not loaded from a file,
     or no longer matches it (a layer added, removed or replaced)."""
-    from .reader import from_bytes  # lazy: the reader imports this module's TFLiteSource
 
     original = getattr(model, "tflite_file", None)
     if original is None:

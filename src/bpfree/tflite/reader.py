@@ -45,7 +45,7 @@ from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel, stage_
 from .checks import check_model
 from .schema import (ACTIVATIONS, FILE_IDENTIFIER, SUPPORTED_OPS, TFLiteFormatError, op_name,
                      tflite, type_name)
-from .patch import TFLiteSource
+from .source import TFLiteSource
 from .softmax import OUTPUT_QUANT, QSoftmax
 from .stages import QPad, litert_linear
 

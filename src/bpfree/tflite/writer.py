@@ -33,6 +33,7 @@ from ..quant.params import TensorQuant
 from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel
 from .schema import ACTIVATION_CODES, FILE_IDENTIFIER, SCHEMA_VERSION, tflite
 from .softmax import QSoftmax
+from .patch import PatchError, patched_bytes
 from .stages import QPad, is_litert_linear
 
 _OPTIONS = tflite.BuiltinOptions
@@ -439,7 +440,6 @@ def save(model: QuantizedModel, path: str | os.PathLike, *, input_shape=None,
 def file_bytes(model: QuantizedModel, *, input_shape=None, rebuild: bool = False) -> bytes:
     """What :func:`save` writes: the patched original file when the model has one and neither
     ``rebuild`` nor a different ``input_shape`` asks for a new graph, else :func:`to_bytes`."""
-    from .patch import PatchError, patched_bytes  # lazy: patch loads the reader
 
     same_shape = input_shape is None or tuple(input_shape) == tuple(
         getattr(model, "input_shape", ()))
