@@ -199,6 +199,20 @@ def merge(parts: list[dict]) -> dict:
     return out
 
 
+def merge_grid(results: dict, is_sweep_part) -> dict:
+    """Join the per-rate tasks of every sweep (keys ``(..., grid index)`` for which
+    ``is_sweep_part(key)`` holds) into one result keyed without the index (:func:`merge`);
+    every other result is kept as it is."""
+    out, sweeps = {}, {}
+    for key, value in results.items():
+        if is_sweep_part(key):
+            sweeps.setdefault(key[:-1], []).append(value)
+        else:
+            out[key] = value
+    out.update({key: merge(parts) for key, parts in sweeps.items()})
+    return out
+
+
 def noqas_rates(qmodel: nn.Module, x: torch.Tensor, y: torch.Tensor,
                 lsb: tuple[float, ...]) -> tuple[tuple[float, ...], float]:
     """Integer-unit rates for INT8 BP without QAS: ``lsb[i] / rms(g)``.

@@ -200,20 +200,11 @@ def _ablation_configs(q: int, layers: int):
 
 
 def _merge_grid(results: dict) -> dict:
-    """Join the per-rate tasks ``(..., grid index)`` of each sweep into one result keyed
-    without the index (:func:`_pmt_experiment.merge`)."""
-    from _pmt_experiment import merge
+    """Join the per-rate tasks ``(kind, ..., grid index)`` of each sweep (the training kinds)."""
+    from _pmt_experiment import merge_grid
 
-    sweeps: dict = {}
-    out = {}
-    for key, value in results.items():
-        if key[0] in ("bp", "pmt", "pmt-dense", "mezo", "deepzero"):
-            sweeps.setdefault(key[:-1], []).append(value)
-        else:
-            out[key] = value
-    for key, parts in sweeps.items():
-        out[key] = merge(parts)
-    return out
+    return merge_grid(results, lambda key: key[0] in ("bp", "pmt", "pmt-dense", "mezo",
+                                                       "deepzero"))
 
 
 def _mean(values):

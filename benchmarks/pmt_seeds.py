@@ -44,16 +44,9 @@ def _settings(quick: bool) -> dict:
 
 def _merge_grid(results: dict) -> dict:
     """Join the per-rate tasks ``(seed, corruption, method, grid index)`` of each sweep."""
-    from _pmt_experiment import merge
+    from _pmt_experiment import merge_grid
 
-    out, sweeps = {}, {}
-    for key, value in results.items():
-        if len(key) == 4:
-            sweeps.setdefault(key[:3], []).append(value)
-        else:
-            out[key] = value
-    out.update({key: merge(parts) for key, parts in sweeps.items()})
-    return out
+    return merge_grid(results, lambda key: len(key) == 4)
 
 
 def _spread(values: list[float]) -> float:

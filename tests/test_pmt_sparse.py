@@ -253,3 +253,24 @@ def test_per_rate_tasks_merge_to_the_full_sweep(monkeypatch):
     scores[0.4] = 90.0
     assert ex.merge([ex.sweep(None, None, None, None, epochs=1, rates=rates, protocol=P,
                               grid_index=i) for i in range(3)])["grid_edge"] is True
+
+
+def test_merge_grid_joins_only_the_sweep_parts(monkeypatch):
+    """bench pmt's and pmt-seeds' per-rate keys drop their grid index; other keys stay."""
+    import _pmt_experiment as ex
+    from bpfree.bench.runner import load_module
+
+    part = lambda lr, val: {"lr": lr, "validation_accuracy": val, "accuracy": 1.0,  # noqa: E731
+                            "diverged": False, "changed_values": 1, "forwards": 3}
+    results = {("bp", "fog", "fp32-bp", 0): part(0.1, 50.0),
+               ("bp", "fog", "fp32-bp", 1): part(0.2, 70.0),
+               ("select", "fog"): {"chosen": 2}, ("mezo", 0): part(0.3, 10.0)}
+    merged = load_module("pmt")._merge_grid(results)
+    assert set(merged) == {("bp", "fog", "fp32-bp"), ("select", "fog"), ("mezo",)}
+    assert merged[("bp", "fog", "fp32-bp")]["chosen"] == 0.2
+    assert merged[("select", "fog")] == {"chosen": 2}
+    seeds = load_module("pmt_seeds")._merge_grid(
+        {(0, "fog", "pmt-sparse", 0): part(0.1, 5.0), (0, "fog", "pmt-sparse", 1): part(0.3, 9.0),
+         (0, "fog", "select"): {"chosen": 1}})
+    assert seeds[(0, "fog", "pmt-sparse")]["chosen"] == 0.3 and (0, "fog", "select") in seeds
+    assert ex.merge_grid({}, lambda key: True) == {}

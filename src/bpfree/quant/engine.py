@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .layers import QAdd, QConv2d, QGlobalAvgPool2d, QLinear, QReLU
+from .layers import QAdd, QConv2d, QGlobalAvgPool2d, QLinear, QReLU, accumulator_bound
 from .layers.elementwise import QFlatten
 from .stages import QInvertedResidual
 
@@ -160,8 +160,7 @@ class _PackedAffine:
             k = module.weight.shape[1] * module.kernel_size[0] * module.kernel_size[1]
         else:
             k = module.in_features
-        deviation = max(127 - module.input_quant.zero_point, module.input_quant.zero_point + 128)
-        self.acc_bound = k * 128 * deviation
+        self.acc_bound = accumulator_bound(k, module.input_quant.zero_point)
         self.zero_point = module.input_quant.zero_point
 
     def refresh(self) -> None:
