@@ -238,12 +238,15 @@ def float_names(qmodel: nn.Module, float_model: nn.Module, example: torch.Tensor
 
 def float_graph(qmodel: nn.Module) -> nn.Module:
     """The FP32 graph of ``qmodel`` for FP32 BP: :func:`bpfree.quant.twin.float_twin` with
-    ``fake_quant=False`` plus, after every layer, a clamp to the real range of its int8 output
-    quantization. The imported MCUNet fuses ReLU6 as that output range (no activation flag),
-    so without the clamps the float graph would lose its nonlinearities."""
-    from bpfree.quant.twin import float_twin
+    ``fake_quant=False``, its Parameters in float units (:func:`bpfree.quant.twin.
+    to_float_units`: on the twin's integer units SGD would step each weight by
+    ``lr * s_w^2 * g``, so FP32 BP barely trained), plus, after every layer, a clamp to the
+    real range of its int8 output quantization. The imported MCUNet fuses ReLU6 as that output
+    range (no activation flag), so without the clamps the float graph would lose its
+    nonlinearities."""
+    from bpfree.quant.twin import float_twin, to_float_units
 
-    twin = float_twin(qmodel, fake_quant=False)
+    twin = to_float_units(float_twin(qmodel, fake_quant=False))
 
     def clamp_hook(lo: float, hi: float):
         def hook(module, args, out):
@@ -390,6 +393,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         out["fp32-bp"] = _result(accuracy(twin, xte_f, yte), n + method.forwards,
                                  time.perf_counter() - t0 + feature_seconds, lr=lr,
                                  lr_holdout_accuracy=scores, trained="all layers (dense)",
+                                 parameters="float units",
                                  start_accuracy=accuracy(float_graph(model0), xte_f, yte),
                                  train_loss_before=loss_before,
                                  train_loss_after=_train_loss(twin, xtr_f, ytr),
