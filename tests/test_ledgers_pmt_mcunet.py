@@ -125,3 +125,16 @@ def test_pmt_hook_reads_every_row_format_it_wrote(pmt):
         verdicts = _verdicts(pmt.ledger_from_result(doc))
         assert {"pmt-beats-mezo", "pmt-beats-deepzero", "adaptive-block-selection"} <= set(
             verdicts)
+
+
+def test_pmt_ablation_summary_keeps_the_final_losss_noise(pmt):
+    from bpfree.bench.claims import mean_se
+
+    curve = [3.0, 2.0, 1.0, 0.9, 0.8, 0.85, 0.75, 0.8, 0.7]
+    run = {"lr": 0.03, "last_loss": 0.7, "loss": curve, "curve_forwards": list(range(9)),
+           "modes": {"a": "wp", "b": "np"}, "validation_accuracy": 80.0}
+    summary = pmt.ablation_summary(run)
+    assert summary == {"lr": 0.03, "last_loss": 0.7, "loss_se": mean_se(curve[-6:])[1],
+                       "modes": {"a": "wp", "b": "np"}}
+    json.dumps(summary)  # it goes to extra.ablations
+    assert pmt.ablation_summary(dict(run, loss=[]))["loss_se"] == 0.0
