@@ -123,6 +123,27 @@ def test_each_structural_finding_is_a_format_error_naming_the_operator(kw, match
         bt.from_bytes(conv_file(**kw))
 
 
+@pytest.mark.parametrize("kw, names", [
+    ({"depthwise": True, "w_shape": (1, 3, 3, 4), "dilation": (131072, 1)},
+     ["operator 0 (DEPTHWISE_CONV_2D)", "131072"]),
+    ({"pads": [[0, 0], [20000, 20000], [20000, 20000], [0, 0]], "x_shape": (1, 40008, 40008, 4),
+      "padding": tflite.Padding.VALID}, ["operator 0 (PAD)"]),
+    ({"stride": (0, 1)}, ["operator 0 (CONV_2D)", "stride H 0"]),
+])
+def test_adapt_exits_1_with_one_line_naming_the_operator(tmp_path, capsys, kw, names):
+    """The issue's blow-ups and ZeroDivisionError through the CLI: exit 1, one line, no file."""
+    from bpfree.cli import main
+
+    (tmp_path / "m.tflite").write_bytes(conv_file(**kw))
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 8, 8, 4), np.float32), y=np.zeros(4, np.int64))
+    rc = main(["adapt", str(tmp_path / "m.tflite"), "--data", str(tmp_path / "d.npz"), "--out",
+               str(tmp_path / "o.tflite"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1, err
+    assert all(n in err for n in names) and "Traceback" not in err, err
+    assert not (tmp_path / "o.tflite").exists()
+
+
 def test_huge_fifo_and_directory_files_are_refused_before_reading(tmp_path):
     huge = tmp_path / "huge.tflite"
     with open(huge, "wb") as f:  # sparse: 3 GiB declared, nothing written
