@@ -220,6 +220,29 @@ def test_checkpoint_fifo_and_deep_nesting_are_clear_errors(tmp_path):
     assert not (tmp_path / "deep.safetensors").exists()
 
 
+def test_a_checkpoint_with_deeply_nested_metadata_is_a_clear_error_on_load(tmp_path):
+    """The issue's RecursionError on load: metadata nested 100,000 deep, with a digest that
+    matches (an editor's file, not a bit flip), is a CheckpointError naming the file."""
+    from bpfree.checkpoint.format import _K_DIGEST, _K_SKELETON, _digest
+
+    path = tmp_path / "ck.safetensors"
+    save_checkpoint(path, model_state={"w": torch.zeros(2)}, extra={"step": 1})
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    meta = header["__metadata__"]
+    skeleton = json.loads(meta[_K_SKELETON])
+    skeleton["extra"] = "@@DEEP@@"
+    meta[_K_SKELETON] = json.dumps(skeleton).replace('"@@DEEP@@"', "[" * 100_000 + "]" * 100_000)
+    meta[_K_DIGEST] = _digest(meta)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + size:])
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupt: .*nested too deeply"
+                                              f"|checkpoint {path} is corrupt: unreadable"):
+        load_checkpoint(path)
+
+
 # ------------------------------------------------------------------------------- labels
 
 
