@@ -15,9 +15,9 @@ import torch
 from bpfree.models import digits_mlp, mnist_cnn, mnist_mobilenet
 from bpfree.pmt import PMTConfig, PMTTrainer
 from bpfree.quant import TensorQuant, quantize_model
-from bpfree.quant.engine import FastStages, fast_stages, kernel_library
+from bpfree.quant.engine import FastStages, _add_op, fast_stages, kernel_library
 from bpfree.quant.graph import StagedModel
-from bpfree.quant.layers import QConv2d, QLinear
+from bpfree.quant.layers import QAdd, QConv2d, QLinear
 
 lib = kernel_library()
 pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler: the int8 kernels did not "
@@ -126,6 +126,16 @@ def _models():
 
 
 MODELS = _models()
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 3, 3), (1, 13)])  # whole vectors and a tail
+def test_residual_add_matches_reference(shape):
+    """The kernel set's add (bpf_int8.h, which the device programs run too) equals QAdd."""
+    gen = torch.Generator().manual_seed(5)
+    add = QAdd(TensorQuant(0.02, 3), TensorQuant(0.05, -7), TensorQuant(0.04, 1),
+               activation="relu")
+    a, b = _int8(*shape, gen=gen), _int8(*shape, gen=gen)
+    assert torch.equal(_add_op(lib, add)(a, b), add(a, b))
 
 
 @pytest.mark.parametrize("name,qmodel,x", MODELS, ids=[m[0] for m in MODELS])

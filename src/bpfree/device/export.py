@@ -37,6 +37,9 @@ from .plan import ArenaPlan, TrainableSpec, plan_arena
 
 TARGETS = ("host", "cortex-m7")
 RUNTIME_FILES = ("bpfree_runtime.c", "bpfree_runtime.h", "main.c")
+#: The int8 kernel set the runtime includes, shared with the simulator's fast path
+#: (bpfree.quant.engine): one source, copied into every program.
+KERNEL_FILES = ("bpf_int8.h",)
 
 
 @dataclass
@@ -121,6 +124,9 @@ def build_sources(trainer: PMTTrainer, sample_shape, max_batch: int
     pkg = resources.files("bpfree.device") / "c"
     for name in RUNTIME_FILES:
         sources[name] = (pkg / name).read_text()
+    kernels = resources.files("bpfree.quant") / "c"
+    for name in KERNEL_FILES:
+        sources[name] = (kernels / name).read_text()
     return sources, graph, plan, rows
 
 

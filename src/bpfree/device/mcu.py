@@ -134,7 +134,7 @@ def mcu_sources(meta: dict) -> dict[str, str]:
 CC = arm-none-eabi-gcc
 CFLAGS = {flags}
 DEFS = {" ".join(main_defines(meta, mcu=True))}
-program.elf: model.c bpfree_runtime.c main.c startup.c link.ld
+program.elf: model.c bpfree_runtime.c main.c startup.c link.ld bpfree_runtime.h bpf_int8.h
 \t$(CC) $(CFLAGS) $(DEFS) --specs=rdimon.specs -T link.ld -Wl,--gc-sections -o $@ \\
 \t  model.c bpfree_runtime.c main.c startup.c -lm
 """
@@ -151,7 +151,7 @@ def build_elf(program, *, kernel_counts: bool = False) -> Path:
     path = program.path
     elf = path / "build" / ("program-kernels.elf" if kernel_counts else "program.elf")
     sources = [path / n for n in ("model.c", "bpfree_runtime.c", "main.c", "startup.c",
-                                  "link.ld", "bpfree_runtime.h", "bpfree_model.h")]
+                                  "link.ld", "bpfree_runtime.h", "bpfree_model.h", "bpf_int8.h")]
     if elf.exists() and elf.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return elf
     elf.parent.mkdir(exist_ok=True)

@@ -46,7 +46,7 @@ def build_host_library(program: DeviceProgram) -> Path:
     """``libbpfree.so`` of the program, rebuilt when a source is newer than it."""
     lib = program.path / "build" / "libbpfree.so"
     sources = [program.path / n for n in ("model.c", "bpfree_runtime.c")]
-    headers = [program.path / n for n in ("bpfree_runtime.h", "bpfree_model.h")]
+    headers = [program.path / n for n in ("bpfree_runtime.h", "bpfree_model.h", "bpf_int8.h")]
     newest = max(p.stat().st_mtime for p in sources + headers)
     if lib.exists() and lib.stat().st_mtime >= newest:
         return lib

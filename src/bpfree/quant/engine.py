@@ -5,7 +5,9 @@ kernels of ``c/int8_kernels.c`` (NHWC activations, the requantization fused into
 convolution's epilogue) instead of the reference layers (NCHW float convolutions, then a
 requantization pass). Both compute the same integer arithmetic, so they give the same bits
 (``tests/test_engine.py`` compares every stage type, node offsets and saturating weights
-included); the reference layers stay the definition.
+included); the reference layers stay the definition. The requantization and the residual add
+are those of ``c/bpf_int8.h``, the int8 kernel set that :mod:`bpfree.device` also copies into
+its generated programs: one kernel source for both.
 
 Why: a forward-only trainer spends its time in partial forwards of small int8 layers (PMT's
 step on the MNIST MobileNet's block 1 is 200 forwards of 100 images per step). Those layers
@@ -53,8 +55,19 @@ log = logging.getLogger(__name__)
 ENGINES = ("auto", "fast", "reference")
 INT32_MAX = 2**31 - 1
 _SOURCE = "int8_kernels.c"
+#: The kernel set int8_kernels.c builds on, shared with the generated device programs.
+_HEADER = "bpf_int8.h"
 _FLAGS = ("-O3", "-march=native", "-fno-strict-aliasing", "-shared", "-fPIC", "-std=c99")
 _library_state: dict = {}
+
+
+class _AddParams(ctypes.Structure):
+    """bpf_int8.h's bpf_add_params: QAdd's constants in its order."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "input1_offset", "input2_offset", "left_shift", "input1_multiplier", "input1_shift",
+        "input2_multiplier", "input2_shift", "output_multiplier", "output_shift",
+        "output_offset")]
 
 
 class _Epilogue(ctypes.Structure):
@@ -86,7 +99,7 @@ def _compile(source: Path) -> Path | None:
         log.warning("bpfree: no C compiler found; the integer graph runs on the reference "
                     "layers (same results, slower)")
         return None
-    text = source.read_bytes()
+    text = source.read_bytes() + (source.parent / _HEADER).read_bytes()
     key = hashlib.sha256(text + compiler.encode() + " ".join(_FLAGS).encode()
                          + _cpu_signature().encode()).hexdigest()[:16]
     target = _cache_dir() / f"int8_kernels-{key}.so"
@@ -97,8 +110,8 @@ def _compile(source: Path) -> Path | None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *_FLAGS, str(source), "-o", tmp],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([compiler, *_FLAGS, f"-I{source.parent}", str(source), "-o",
+                                 tmp], capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             log.warning("bpfree: compiling the int8 kernels failed (%s); using the reference "
                         "layers. %s", compiler, result.stderr.strip()[:500])
@@ -118,15 +131,15 @@ def kernel_library():
     """The loaded kernel library (ctypes), compiled on first use; None where unavailable."""
     if "lib" not in _library_state:
         lib = None
-        with resources.as_file(resources.files(__package__) / "c" / _SOURCE) as src:
-            path = _compile(Path(src))
+        with resources.as_file(resources.files(__package__) / "c") as folder:
+            path = _compile(Path(folder) / _SOURCE)
         if path is not None:
             lib = ctypes.CDLL(str(path))
             p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
             lib.bpf_dense.argtypes = [p, i64, i32, i32, p, i32, i32, p, p, p, p]
             lib.bpf_conv.argtypes = [p, *[i32] * 5, p, *[i32] * 12, p, p, p, p]
             lib.bpf_depthwise.argtypes = [p, *[i32] * 5, p, *[i32] * 10, p, p, p]
-            lib.bpf_add.argtypes = [p, p, i64, *[i32] * 12, p]
+            lib.bpf_add.argtypes = [p, p, i64, p, i32, i32, p]
             for fn in (lib.bpf_dense, lib.bpf_conv, lib.bpf_depthwise, lib.bpf_add):
                 fn.restype = None
         _library_state["lib"] = lib
@@ -273,11 +286,8 @@ class _NeedsReference(Exception):
 def _add_op(lib, module: QAdd):
     """TFLite's requantized ADD (the residual add) on any layout: element-wise."""
     p = module.params
-    if not (p.input1_shift <= 0 and p.input2_shift <= 0 and p.output_shift <= 0):
-        return module  # the kernel's precondition (multipliers below one); never seen in int8
-    args = (p.input1_offset, p.input2_offset, p.left_shift, p.input1_multiplier, p.input1_shift,
-            p.input2_multiplier, p.input2_shift, p.output_multiplier, p.output_shift,
-            p.output_offset, module.range.qmin, module.range.qmax)
+    params = _AddParams(*(int(getattr(p, name)) for name, _ in _AddParams._fields_))
+    args = (ctypes.byref(params), module.range.qmin, module.range.qmax)
 
     def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         QAdd.check_inputs(a, b)

@@ -3,20 +3,18 @@
  * for the equations. Compile with -ffp-contract=off: the update's float64 products must not
  * be fused. */
 #include "bpfree_runtime.h"
+#include "bpf_int8.h" /* the int8 kernel set shared with the simulator (requantization, add) */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
-#define I32_MIN (-2147483647LL - 1)
-#define I32_MAX 2147483647LL
 #define LOSS_BITS 24
 #define EXP_BITS 30
 #define LN2_Q 744261118LL /* round(ln 2 * 2^30) */
-
-static int64_t sat32(int64_t v) { return v < I32_MIN ? I32_MIN : (v > I32_MAX ? I32_MAX : v); }
-static int32_t clampi(int64_t v, int32_t lo, int32_t hi) {
-    return (int32_t)(v < lo ? lo : (v > hi ? hi : v));
-}
+/* Every kernel is its own function, never inlined into run_op: then its code, and so its
+ * instruction count, is the same in the build that reads the counter around each operator
+ * (BPFREE_KERNEL_COUNTS) as in the plain one, whatever else run_op holds. */
+#define KERNEL __attribute__((noinline))
 
 /* PMT Appendix F: xor_rand() on a 32-bit unsigned state. */
 static uint32_t xorshift32(uint32_t s) {
@@ -39,16 +37,6 @@ uint32_t bpf_derive_seed(uint64_t base, int count, const uint64_t *indices) {
     uint64_t h = mix64(base + (uint64_t)(count + 1) * golden);
     for (int i = 0; i < count; i++) h = mix64((h ^ indices[i]) + golden);
     return (uint32_t)(h % 0xFFFFFFFFULL + 1);
-}
-
-/* gemmlowp MultiplyByQuantizedMultiplier (bpfree.quant.fixed_point._mbqm_int64). */
-static int64_t mbqm(int64_t x, int64_t mult, int32_t shift) {
-    int32_t left = shift > 0 ? shift : 0, right = shift < 0 ? -shift : 0;
-    if (left) x = sat32(x * ((int64_t)1 << left));
-    int64_t h = (x * mult + ((int64_t)1 << 30)) >> 31;
-    if (h > I32_MAX) h = I32_MAX;
-    if (right == 0) return h;
-    return (h + ((int64_t)1 << (right - 1)) + (h < 0 ? -1 : 0)) >> right;
 }
 
 static int64_t rounding_divide(int64_t acc, int64_t count) {
@@ -76,8 +64,9 @@ static void valid_taps(int32_t o0, int32_t d, int32_t k, int32_t size, int32_t *
  * Padding taps are skipped (they hold the zero point, so they add nothing). The sum of a
  * position's |w (x - z_x)| <= 128 * 255 terms fits int32 when the reduction has at most
  * BPF_MAX_REDUCTION of them, which the exporter checks. */
-static void affine_reference(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
-                   const int8_t *x, int8_t *y, int32_t batch) {
+static KERNEL void affine_reference(const bpf_affine *p, const bpf_tensor *ti,
+                                    const bpf_tensor *to, const int8_t *x, int8_t *y,
+                                    int32_t batch) {
     uint32_t s = p->np_seed;
     int32_t cin_g = p->cin / p->groups, cout_g = p->cout / p->groups;
     int32_t taps = p->kh * p->kw, red = cin_g * taps;
@@ -114,14 +103,14 @@ static void affine_reference(const bpf_affine *p, const bpf_tensor *ti, const bp
                             }
                         }
                     }
-                    int64_t v = sat32((int64_t)acc + p->b[co]);
-                    int64_t z = mbqm(v, p->mult[co], p->shift[co]) + p->out_zp;
-                    z = clampi(z, -128, 127);
+                    int64_t v = bpf_sat32((int64_t)acc + p->b[co]);
+                    int64_t z = bpf_mbqm(v, p->mult[co], p->shift[co]) + p->out_zp;
+                    z = bpf_clamp(z, -128, 127);
                     if (p->np_seed) {
                         s = xorshift32(s);
                         z += RADEMACHER(s);
                     }
-                    yc[oh * to->w + ow] = (int8_t)clampi(z, p->qmin, p->qmax);
+                    yc[oh * to->w + ow] = (int8_t)bpf_clamp(z, p->qmin, p->qmax);
                 }
             }
         }
@@ -137,13 +126,6 @@ static void affine_reference(const bpf_affine *p, const bpf_tensor *ti, const bp
  * GCC's ACLE intrinsics); elsewhere the inner loops are plain C that a compiler vectorizes.
  * Products and sums are the same integers as in affine_reference, so the outputs are equal
  * bit for bit. */
-#if defined(__ARM_FEATURE_DSP)
-#include <arm_acle.h>
-#define BPF_DSP 1
-#else
-#define BPF_DSP 0
-#endif
-
 /* The kernels are integer-only: on the host, GCC compiles them at -O3 whatever the build's
  * level, so the loops over the reduction vectorize (the generated Makefile and run_c build
  * with -O2, whose vectorizer takes only loops of known trip counts). */
@@ -172,62 +154,9 @@ static inline int32_t sxtb16_ror8(uint32_t x) {
 }
 #endif
 
-/* sat32(a + b) of two int32 (QADD). */
-static inline int32_t sat_add(int32_t a, int32_t b) {
-#if BPF_DSP
-    return __qadd(a, b);
-#else
-    int64_t s = (int64_t)a + b;
-    return (int32_t)(s < I32_MIN ? I32_MIN : (s > I32_MAX ? I32_MAX : s));
-#endif
-}
-
-/* One requantization's constants. mbqm(x) with a right shift r in [2, 31] and a positive
- * multiplier m is one 64-bit multiply-accumulate (SMLAL) and one shift: with T = x m,
- *   (((T + 2^30) >> 31) + 2^(r-1) - [h < 0]) >> r  ==  (T + 2^30 + 2^(30+r) - [x < 0] 2^31) >> (31+r)
- * since floor((floor(a / b) + c) / d) = floor((a + c b) / (b d)), and [h < 0] = [T < -2^30]
- * may be replaced by [T < 0] = [x < 0] (for T in [-2^30, 0) both sides are 0); m > 0 also
- * keeps h below 2^31, so mbqm's cap never applies. The added constant's words are
- * (2^(r-2), 2^30) for x >= 0 and (2^(r-2) - 1, 3 2^30) for x < 0: two instructions from x.
- * Other shifts and multipliers take mbqm itself (rshift < 0). */
-typedef struct {
-    int32_t mult, shift;
-    int32_t rshift; /* r - 1 >= 1, or -1: not the SMLAL form */
-    int32_t high;   /* 2^(r-2) */
-} requant_k;
-
-static inline requant_k requant_of(int32_t mult, int32_t shift) {
-    requant_k q;
-    q.mult = mult;
-    q.shift = shift;
-    q.rshift = mult > 0 && shift <= -2 && shift >= -31 ? -shift - 1 : -1;
-    q.high = q.rshift >= 0 ? (int32_t)1 << (-shift - 2) : 0;
-    return q;
-}
-
-/* mbqm(x) in the SMLAL form (q.rshift >= 0). */
-static inline int32_t mbqm_fast(int32_t x, int32_t mult, int32_t high, int32_t rshift) {
-    uint32_t lo = ((uint32_t)x & 0x80000000u) | 0x40000000u;
-    int32_t hi = high + (x >> 31);
-    int64_t t = (int64_t)(((uint64_t)(uint32_t)hi << 32) | lo) + (int64_t)x * mult;
-    return (int32_t)(t >> 32) >> rshift;
-}
-
-/* mbqm(x, mult, shift) for an int32 x: the SMLAL form, its r = 1 case (the constant is
- * 3 2^30 for x >= 0 and 2^30 for x < 0, and no shift is left), a plain rounding (r = 0,
- * m > 0: no cap), or mbqm itself. */
-static inline int32_t mbqm_k(const requant_k *q, int32_t x) {
-    if (q->rshift >= 0) return mbqm_fast(x, q->mult, q->high, q->rshift);
-    if (q->mult > 0 && q->shift == -1)
-        return (int32_t)(((int64_t)x * q->mult + (x < 0 ? 0x40000000LL : 0xC0000000LL)) >> 32);
-    if (q->mult > 0 && q->shift == 0)
-        return (int32_t)(((int64_t)x * q->mult + ((int64_t)1 << 30)) >> 31);
-    return (int32_t)mbqm(x, q->mult, q->shift);
-}
-
 /* An output channel's requantization (affine_reference's, up to the clamp to [lo, hi]). */
 typedef struct {
-    requant_k k;
+    bpf_requant k;
     int32_t bias, zp;
     int32_t fold; /* the bias can start the accumulator: no partial sum leaves int32 */
 } requant_ch;
@@ -235,10 +164,11 @@ typedef struct {
 /* `red`: the products per output (each |w (x - z_x)| <= 128 * 255). */
 static inline requant_ch requant_channel(const bpf_affine *p, int32_t co, int32_t red) {
     requant_ch q;
-    q.k = requant_of(p->mult[co], p->shift[co]);
+    q.k = bpf_requant_of(p->mult[co], p->shift[co]);
     q.bias = p->b[co];
     q.zp = p->out_zp;
-    q.fold = (q.bias < 0 ? -(int64_t)q.bias : (int64_t)q.bias) + (int64_t)red * 32640 <= I32_MAX;
+    q.fold = (q.bias < 0 ? -(int64_t)q.bias : (int64_t)q.bias) + (int64_t)red * 32640 <=
+             BPF_I32_MAX;
     return q;
 }
 
@@ -257,10 +187,11 @@ static inline __attribute__((always_inline)) int8_t requantize(const requant_ch 
                                                                int32_t lo, int32_t hi,
                                                                int mode) {
     if (mode == RQ_ANY) {
-        int32_t z = clampi(mbqm(sat_add(acc, q->bias), q->k.mult, q->k.shift) + q->zp, -128, 127);
+        int32_t z = bpf_clamp(bpf_mbqm(bpf_sat_add(acc, q->bias), q->k.mult, q->k.shift) + q->zp,
+                              -128, 127);
         return (int8_t)clamp_to(z, lo, hi);
     }
-    int32_t z = mbqm_fast(acc, q->k.mult, q->k.high, q->k.rshift) + q->zp;
+    int32_t z = bpf_mbqm_fast(acc, q->k.mult, q->k.high, q->k.rshift) + q->zp;
     if (mode == RQ_FAST) return (int8_t)clamp_to(z, lo, hi);
 #if BPF_DSP
     return (int8_t)__ssat(z, 8);
@@ -285,7 +216,7 @@ static void perturb_nodes(const bpf_affine *p, int8_t *y, int64_t count) {
     uint32_t s = p->np_seed;
     for (int64_t i = 0; i < count; i++) {
         s = xorshift32(s);
-        y[i] = (int8_t)clampi((int64_t)y[i] + RADEMACHER(s), p->qmin, p->qmax);
+        y[i] = (int8_t)bpf_clamp((int64_t)y[i] + RADEMACHER(s), p->qmin, p->qmax);
     }
 }
 
@@ -459,9 +390,10 @@ GEMM_ROWS(gemm_rows_full, RQ_FULL)
  * every pair of output channels runs over the block two columns at a time. With an odd
  * output channel count (>= 2) the last pair is (cout - 2, cout - 1): one row is computed
  * twice, to the same values. */
-static void affine_gemm(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
-                        const int8_t *x, int8_t *y, int32_t batch, int16_t *scratch,
-                        int32_t scratch_elems, int32_t lo, int32_t hi) {
+static KERNEL void affine_gemm(const bpf_affine *p, const bpf_tensor *ti,
+                               const bpf_tensor *to, const int8_t *x, int8_t *y, int32_t batch,
+                               int16_t *scratch, int32_t scratch_elems, int32_t lo,
+                               int32_t hi) {
     int32_t red = p->cin * p->kh * p->kw, P = to->h * to->w;
     int32_t room = is_pointwise(p) ? scratch_elems : scratch_elems - red; /* tmp at the end */
     int16_t *tmp = scratch + room;
@@ -636,33 +568,17 @@ static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti
     if (p->np_seed) perturb_nodes(p, y, (int64_t)batch * to->numel);
 }
 
-/* QAdd: TFLite reference_integer_ops::AddFunc. The rescaled inputs fit int32 when the
- * left shift is at most 22 (|x + offset| <= 255), so the three rescalings take mbqm_k. */
-static void add(const bpf_op *op, const int8_t *a, const int8_t *b, int8_t *y, int64_t count) {
-    const int32_t *k = op->a;
-    int64_t off1 = k[0], off2 = k[1], scale = (int64_t)1 << k[2];
-    if (k[2] <= 22) {
-        requant_k q1 = requant_of(k[3], k[4]), q2 = requant_of(k[5], k[6]);
-        requant_k qo = requant_of(k[7], k[8]);
-        int32_t o1 = k[0], o2 = k[1], sc = (int32_t)1 << k[2];
-        for (int64_t i = 0; i < count; i++) {
-            int64_t sum = (int64_t)mbqm_k(&q1, (a[i] + o1) * sc) + mbqm_k(&q2, (b[i] + o2) * sc);
-            int64_t h = sum == (int32_t)sum ? mbqm_k(&qo, (int32_t)sum) : mbqm(sum, k[7], k[8]);
-            y[i] = (int8_t)clampi(h + k[9], op->qmin, op->qmax);
-        }
-        return;
-    }
-    int64_t m1 = k[3], m2 = k[5], mo = k[7];
-    int32_t s1 = k[4], s2 = k[6], so = k[8];
-    for (int64_t i = 0; i < count; i++) {
-        int64_t h1 = mbqm(((int64_t)a[i] + off1) * scale, m1, s1);
-        int64_t h2 = mbqm(((int64_t)b[i] + off2) * scale, m2, s2);
-        y[i] = (int8_t)clampi(mbqm(h1 + h2, mo, so) + k[9], op->qmin, op->qmax);
-    }
+/* QAdd: TFLite reference_integer_ops::AddFunc (bpf_int8.h's bpf_add_s8); op->a holds its
+ * constants in bpf_add_params' order. */
+static KERNEL void add(const bpf_op *op, const int8_t *a, const int8_t *b, int8_t *y,
+                       int64_t count) {
+    bpf_add_params k;
+    memcpy(&k, op->a, sizeof k);
+    bpf_add_s8(a, b, count, &k, op->qmin, op->qmax, y);
 }
 
-static void pool(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, const int8_t *x,
-                 int8_t *y, int32_t batch) {
+static KERNEL void pool(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to,
+                        const int8_t *x, int8_t *y, int32_t batch) {
     for (int32_t n = 0; n < batch; n++)
         for (int32_t c = 0; c < to->c; c++) {
             const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ti->h * ti->w;
@@ -683,14 +599,14 @@ static void pool(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, c
                         }
                     }
                     int64_t out = op->kind == OP_MAXPOOL ? best : rounding_divide(sum, count);
-                    yc[oh * to->w + ow] = (int8_t)clampi(out, op->qmin, op->qmax);
+                    yc[oh * to->w + ow] = (int8_t)bpf_clamp(out, op->qmin, op->qmax);
                 }
         }
 }
 
 /* QGlobalAvgPool2d, rule "reference" (a[4] == 0) or "litert" (1/(H*W) folded into a[2:4]). */
-static void gap(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, const int8_t *x,
-                int8_t *y, int32_t batch) {
+static KERNEL void gap(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to,
+                       const int8_t *x, int8_t *y, int32_t batch) {
     int64_t count = (int64_t)ti->h * ti->w;
     for (int32_t n = 0; n < batch; n++)
         for (int32_t c = 0; c < ti->c; c++) {
@@ -698,9 +614,9 @@ static void gap(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, co
             int64_t acc = 0;
             for (int64_t i = 0; i < count; i++) acc += xc[i];
             acc -= (int64_t)op->a[0] * count;
-            acc = mbqm(acc, op->a[2], op->a[3]);
+            acc = bpf_mbqm(acc, op->a[2], op->a[3]);
             if (!op->a[4]) acc = rounding_divide(acc, count);
-            y[(int64_t)n * to->numel + c] = (int8_t)clampi(acc + op->a[1], -128, 127);
+            y[(int64_t)n * to->numel + c] = (int8_t)bpf_clamp(acc + op->a[1], -128, 127);
         }
 }
 
@@ -734,7 +650,7 @@ static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, in
     case OP_AVGPOOL: pool(op, ti, to, x, y, batch); break;
     case OP_GAP: gap(op, ti, to, x, y, batch); break;
     case OP_CLAMP:
-        for (int64_t i = 0; i < count; i++) y[i] = (int8_t)clampi(x[i], op->qmin, op->qmax);
+        for (int64_t i = 0; i < count; i++) y[i] = (int8_t)bpf_clamp(x[i], op->qmin, op->qmax);
         break;
     default: memmove(y, x, (size_t)count); break;
     }
@@ -821,7 +737,7 @@ static void estimate(bpf_model *m, const bpf_trainable *t, uint32_t seed, const 
         if (t->mode == MODE_WP) {
             for (int32_t i = 0; i < t->d_w; i++) {
                 s = xorshift32(s);
-                p->w[i] = (int8_t)clampi((int64_t)m->backup[i] + RADEMACHER(s), -128, 127);
+                p->w[i] = (int8_t)bpf_clamp((int64_t)m->backup[i] + RADEMACHER(s), -128, 127);
             }
         } else {
             p->np_seed = s;

@@ -16,13 +16,13 @@
  * With AVX2 the multiply-accumulates run as vpmaddwd on pairs of int16 operands
  * ((x - z_x) and w both fit int16, a pair's sum fits int32) and the epilogue eight channels
  * at a time; without it the same arithmetic runs in portable C. A layer takes the vector
- * epilogue only when the host proved it needs no saturation (see bpf_epilogue_vec's comment).
+ * epilogue only when the host proved it needs no saturation (see requant8's comment).
+ *
+ * The requantization and the residual add are the kernel set's (bpf_int8.h), the same code
+ * the generated device programs run; the loops here are the channels-last ones of the
+ * simulator (the device's are NCHW, over the int8 weights its perturbation edits in place).
  */
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "bpf_int8.h"
 
 #define MAX_TILE 8 /* output-channel blocks of 8 kept in registers at once (64 channels) */
 
@@ -36,19 +36,10 @@ typedef struct {
     int32_t vector_ok; /* 1: left == 0 everywhere and |acc + bias| < 2^31 is proven */
 } bpf_epilogue;
 
-static inline int64_t sat32(int64_t v) {
-    return v < INT32_MIN ? INT32_MIN : (v > INT32_MAX ? INT32_MAX : v);
-}
-
+/* The requantization of bpf_int8.h (TFLite's), with this file's per-channel tables. */
 static inline int32_t requant_one(int32_t acc, const bpf_epilogue *e, int c) {
-    int64_t v = sat32((int64_t)acc + e->bias[c]);
-    v = sat32(v * ((int64_t)1 << e->left[c]));
-    int64_t h = (v * (int64_t)e->mult[c] + ((int64_t)1 << 30)) >> 31;
-    if (h > INT32_MAX) h = INT32_MAX;
-    int32_t r = e->right[c];
-    int64_t half = ((int64_t)1 << r) >> 1;
-    int64_t fix = r > 0 ? (h >> 63) : 0;
-    return (int32_t)(((h + half + fix) >> r) + e->zero_point);
+    int64_t v = bpf_sat32((int64_t)acc + e->bias[c]);
+    return (int32_t)bpf_mbqm(v, e->mult[c], e->left[c] - e->right[c]) + e->zero_point;
 }
 
 static inline int8_t finish_one(int32_t y, const bpf_epilogue *e, const int16_t *offset, int c) {
@@ -66,30 +57,14 @@ static void epilogue_scalar(const int32_t *acc, int c0, int c1, const bpf_epilog
         out[c] = finish_one(requant_one(acc[c - c0], e, c), e, offset, c);
 }
 
-#if defined(__AVX2__)
-/* Eight channels c..c+7 of the epilogue. Exact when e->vector_ok: with left == 0 and no
- * saturation of acc + bias (checked by the host from the layer's accumulator bound and its
- * largest bias), v is an int32; v * mult (mult in [0, 2^31)) + 2^30 < 2^62, so bits 31..62 of
- * the 64-bit sum are h, and a logical shift gives the same low 32 bits as the arithmetic one.
- * RoundingDivideByPOT is gemmlowp's overflow-free form (h >> r) + (rem > (mask >> 1) + (h < 0)). */
+#if BPF_AVX2
+/* Eight channels c..c+7 of the epilogue (bpf_mbqm8). Exact when e->vector_ok: with left == 0
+ * and no saturation of acc + bias (checked by the host from the layer's accumulator bound and
+ * its largest bias), v is an int32 and the multipliers lie in [0, 2^31). */
 static inline __m256i requant8(__m256i acc, const bpf_epilogue *e, int c) {
     __m256i v = _mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)(e->bias + c)));
-    __m256i m = _mm256_loadu_si256((const __m256i *)(e->mult + c));
-    __m256i nudge = _mm256_set1_epi64x((int64_t)1 << 30);
-    __m256i even = _mm256_add_epi64(_mm256_mul_epi32(v, m), nudge);
-    __m256i odd = _mm256_add_epi64(
-        _mm256_mul_epi32(_mm256_srli_epi64(v, 32), _mm256_srli_epi64(m, 32)), nudge);
-    even = _mm256_srli_epi64(even, 31);
-    odd = _mm256_slli_epi64(_mm256_srli_epi64(odd, 31), 32);
-    __m256i h = _mm256_blend_epi32(even, odd, 0xAA);
-    __m256i r = _mm256_loadu_si256((const __m256i *)(e->right + c));
-    __m256i mask = _mm256_sub_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(1), r),
-                                    _mm256_set1_epi32(1));
-    __m256i rem = _mm256_and_si256(h, mask);
-    __m256i neg = _mm256_srli_epi32(h, 31); /* 1 where h < 0 */
-    __m256i thr = _mm256_add_epi32(_mm256_srai_epi32(mask, 1), neg);
-    __m256i up = _mm256_srli_epi32(_mm256_cmpgt_epi32(rem, thr), 31);
-    __m256i y = _mm256_add_epi32(_mm256_srav_epi32(h, r), up);
+    __m256i y = bpf_mbqm8(v, _mm256_loadu_si256((const __m256i *)(e->mult + c)),
+                          _mm256_loadu_si256((const __m256i *)(e->right + c)));
     return _mm256_add_epi32(y, _mm256_set1_epi32(e->zero_point));
 }
 
@@ -101,10 +76,7 @@ static inline void store8(__m256i y, const bpf_epilogue *e, const int16_t *offse
         __m128i off16 = _mm_loadu_si128((const __m128i *)(offset + c));
         y = _mm256_add_epi32(y, _mm256_cvtepi16_epi32(off16));
     }
-    y = _mm256_max_epi32(_mm256_min_epi32(y, _mm256_set1_epi32(e->qmax)),
-                         _mm256_set1_epi32(e->qmin));
-    __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
-    _mm_storel_epi64((__m128i *)(out + c), _mm_packs_epi16(p16, p16));
+    bpf_store8_s8(y, e->qmin, e->qmax, out + c);
 }
 
 /* Channels c..c+7 of an accumulator vector to int8: the vector epilogue where it is exact
@@ -129,7 +101,7 @@ static inline void finish8(__m256i acc, int c, int c_out, const bpf_epilogue *e,
  * pairs: K2 int32 words, each two int16 (x[2j] - z_x, x[2j+1] - z_x). */
 static void row_product(const int32_t *pairs, int k2, const int16_t *w, int c_out, int c_pad,
                         const bpf_epilogue *e, const int16_t *offset, int8_t *out) {
-#if defined(__AVX2__)
+#if BPF_AVX2
     for (int t = 0; t < c_pad; t += 8 * MAX_TILE) {
         int blocks = (c_pad - t) / 8;
         if (blocks > MAX_TILE) blocks = MAX_TILE;
@@ -234,7 +206,7 @@ void bpf_depthwise(const int8_t *x, int n, int h, int wd, int c_n, int32_t zx, c
                 int64_t o = (((int64_t)b * oh + y) * ow + xo) * c_n;
                 const int16_t *off = offset ? offset + o : 0;
                 int c = 0;
-#if defined(__AVX2__)
+#if BPF_AVX2
                 __m256i vzx = _mm256_set1_epi32(zx);
                 for (; c + 8 <= c_n; c += 8) {
                     __m256i acc = _mm256_setzero_si256();
@@ -280,83 +252,15 @@ void bpf_depthwise(const int8_t *x, int n, int h, int wd, int c_n, int32_t zx, c
             }
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* Residual add (TFLite reference_integer_ops::AddFunc), element-wise, any layout             */
-/* ---------------------------------------------------------------------------------------- */
-
-static inline int64_t srdhm_scalar(int64_t x, int64_t m) {
-    int64_t h = (x * m + ((int64_t)1 << 30)) >> 31;
-    return h > INT32_MAX ? INT32_MAX : h;
-}
-
-static inline int64_t rdbpot_scalar(int64_t x, int e) {
-    int64_t half = ((int64_t)1 << e) >> 1;
-    int64_t fix = e > 0 ? (x >> 63) : 0;
-    return (x + half + fix) >> e;
-}
-
-#if defined(__AVX2__)
-/* SaturatingRoundingDoublingHighMul of int32 lanes by one multiplier in [0, 2^31): exact
- * without saturation (see requant8). */
-static inline __m256i srdhm8(__m256i v, int32_t mult) {
-    __m256i m = _mm256_set1_epi32(mult);
-    __m256i nudge = _mm256_set1_epi64x((int64_t)1 << 30);
-    __m256i even = _mm256_srli_epi64(_mm256_add_epi64(_mm256_mul_epi32(v, m), nudge), 31);
-    __m256i odd = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(v, 32), m), nudge);
-    odd = _mm256_slli_epi64(_mm256_srli_epi64(odd, 31), 32);
-    return _mm256_blend_epi32(even, odd, 0xAA);
-}
-
-/* RoundingDivideByPOT by a constant exponent e in [0, 31], overflow-free (gemmlowp). */
-static inline __m256i rdbpot8(__m256i h, int e) {
-    __m256i mask = _mm256_set1_epi32((int32_t)(((int64_t)1 << e) - 1));
-    __m256i rem = _mm256_and_si256(h, mask);
-    __m256i thr = _mm256_add_epi32(_mm256_srai_epi32(mask, 1), _mm256_srli_epi32(h, 31));
-    __m256i up = _mm256_srli_epi32(_mm256_cmpgt_epi32(rem, thr), 31);
-    return _mm256_add_epi32(_mm256_srai_epi32(h, e), up);
-}
-#endif
-
-/* out = clamp(MBQM(MBQM((a + o1) << ls, m1, s1) + MBQM((b + o2) << ls, m2, s2), mo, so) + oo).
- * Shifts s1, s2, so are <= 0 (multipliers below one) and ls is 20 for int8: |(a + o1) << ls|
- * < 2^28, so every value stays an int32 and the vector path needs no saturation. */
-void bpf_add(const int8_t *a, const int8_t *b, int64_t n, int32_t o1, int32_t o2, int32_t ls,
-             int32_t m1, int32_t s1, int32_t m2, int32_t s2, int32_t mo, int32_t so,
-             int32_t oo, int32_t qmin, int32_t qmax, int8_t *out) {
-    int64_t i = 0;
-#if defined(__AVX2__)
-    if (ls <= 22) {
-        __m256i vo1 = _mm256_set1_epi32(o1), vo2 = _mm256_set1_epi32(o2);
-        __m256i voo = _mm256_set1_epi32(oo);
-        __m256i lo = _mm256_set1_epi32(qmin), hi = _mm256_set1_epi32(qmax);
-        for (; i + 8 <= n; i += 8) {
-            __m256i x1 = _mm256_slli_epi32(_mm256_add_epi32(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(a + i))), vo1), ls);
-            __m256i x2 = _mm256_slli_epi32(_mm256_add_epi32(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + i))), vo2), ls);
-            __m256i t = _mm256_add_epi32(rdbpot8(srdhm8(x1, m1), -s1),
-                                         rdbpot8(srdhm8(x2, m2), -s2));
-            __m256i y = _mm256_add_epi32(rdbpot8(srdhm8(t, mo), -so), voo);
-            y = _mm256_max_epi32(_mm256_min_epi32(y, hi), lo);
-            __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(y),
-                                          _mm256_extracti128_si256(y, 1));
-            _mm_storel_epi64((__m128i *)(out + i), _mm_packs_epi16(p16, p16));
-        }
-    }
-#endif
-    for (; i < n; i++) {
-        int64_t x1 = ((int64_t)a[i] + o1) * ((int64_t)1 << ls);
-        int64_t x2 = ((int64_t)b[i] + o2) * ((int64_t)1 << ls);
-        int64_t t = rdbpot_scalar(srdhm_scalar(x1, m1), -s1)
-                  + rdbpot_scalar(srdhm_scalar(x2, m2), -s2);
-        int64_t y = rdbpot_scalar(srdhm_scalar(t, mo), -so) + oo;
-        out[i] = (int8_t)(y < qmin ? qmin : (y > qmax ? qmax : y));
-    }
+/* The residual add (bpf_int8.h's bpf_add_s8, element-wise on any layout). */
+void bpf_add(const int8_t *a, const int8_t *b, int64_t n, const bpf_add_params *k,
+             int32_t qmin, int32_t qmax, int8_t *out) {
+    bpf_add_s8(a, b, n, k, qmin, qmax, out);
 }
 
 /* Which path this build took: 1 with AVX2, 0 portable. */
 int bpf_vector_width(void) {
-#if defined(__AVX2__)
+#if BPF_AVX2
     return 8;
 #else
     return 1;
