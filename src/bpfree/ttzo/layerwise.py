@@ -194,6 +194,13 @@ def layerwise_losses(objective: Objective, params, points, *,
             ones = z.new_ones(z.shape[0], 1, 1, 1)
             _piecewise_core_losses(objective, ones, z, outs[-1], (1, z.shape[-1], 1, 1), (1, 1),
                                    tail, points, members, losses)
+        elif tail is not None and kind != "core":
+            # the shortcut's per-coordinate tensors are (C, B) and (C, B, M'), not the
+            # reference's (C, B, M): chunks that large run the same arithmetic in far fewer
+            # passes (each coordinate's loss is computed alone, so its value is unchanged)
+            chunk = max(1, _CHUNK_ELEMS // (objective.inputs.shape[0] * (tail[1].shape[0] + 4)))
+            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses,
+                            chunk=chunk)
         else:
             _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
     return base, losses
@@ -450,9 +457,11 @@ def _activate(acts, t: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     return t
 
 
-def _chunked_losses(objective, layers, where, acts, outs, points, members, losses) -> None:
+def _chunked_losses(objective, layers, where, acts, outs, points, members, losses, *,
+                    chunk: int | None = None) -> None:
     """Fill ``losses[n]`` for the ``members`` (indices into ``points``) of one tensor located
-    at ``where``, a chunk of coordinates at a time (the reference path)."""
+    at ``where``, ``chunk`` coordinates at a time (default: the reference path's, sized for
+    the whole layer output ``(C, B, M)``)."""
     x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
     B = x.shape[0]
     li, kind, extra = where
@@ -468,7 +477,8 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
         idx = _unravel(flat, layer.cores[k].shape)
         split = (math.prod(layer.out_factors[:k]), layer.out_factors[k], -1)
     tail = _tail(layers, li)
-    chunk = max(1, _CHUNK_ELEMS // (B * M))
+    if chunk is None:
+        chunk = max(1, _CHUNK_ELEMS // (B * M))
     for start in range(0, len(members), chunk):
         sel = slice(start, start + chunk)
         j, d = flat[sel], deltas[sel]
