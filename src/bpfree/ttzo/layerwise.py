@@ -27,7 +27,7 @@ the column touches change: ``{i}`` for ``W_ij`` and ``b_i``, the ``M / m_k`` out
 of ``W'`` per sample instead of the whole of ``z`` and ``W'``.
 
 Per core, the entries are not taken one chunk at a time (issue 32): the columns of all its
-entries form one tensor ``J[b, e, o, p]`` (``e = (α, ν, β)``, the same for every ``μ``), and
+entries form one tensor ``J[b, e, o, p]`` (``e = (ν, β, α)``, the same for every ``μ``), and
 :func:`layerwise_losses` evaluates them digit by digit in batched products. When the
 activations before the last layer are ReLU (or none), ``σ(z + δJ) − σ(z) = 1[z > 0]·δJ``
 except on the few outputs that ``δJ`` moves across the kink, so the change of the network
