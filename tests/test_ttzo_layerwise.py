@@ -231,3 +231,21 @@ def test_fast_path_takes_the_batched_products_for_every_core(monkeypatch):
                         lambda *a: (seen.append(a[2]), original(*a))[1])
     layerwise_losses(Objective(model, x, y), params, _all_points(params, 0.01))
     assert seen == [(2, "bias", None)]
+
+
+def test_core_jacobian_is_the_core_columns_in_its_entry_layout():
+    """_core_jacobian builds J[b, (ν, β, α), o, p] by two products; it equals _core_columns
+    (one einsum, (b, o, α, ν, β, p)) permuted, for every core of a 4-core layer (first, middle
+    and last core take different branches)."""
+    from bpfree.ttzo import layerwise
+
+    torch.manual_seed(9)
+    layer = TTLinear((2, 3, 2, 2), (3, 2, 1, 2), (1, 2, 3, 2, 1)).double()
+    a, _ = _batch(n=5)
+    for k, core in enumerate(layer.cores):
+        r0, _, n, r1 = core.shape
+        cols = layerwise._core_columns(layer, a, k)                  # (B, o, α, ν, β, p)
+        B, O, _, _, _, P = cols.shape
+        expected = cols.permute(0, 3, 4, 2, 1, 5).reshape(B, n * r1 * r0, O, P)
+        torch.testing.assert_close(layerwise._core_jacobian(layer, a, k), expected,
+                                   rtol=1e-13, atol=1e-15)

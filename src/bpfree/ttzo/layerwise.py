@@ -27,7 +27,7 @@ the column touches change: ``{i}`` for ``W_ij`` and ``b_i``, the ``M / m_k`` out
 of ``W'`` per sample instead of the whole of ``z`` and ``W'``.
 
 Per core, the entries are not taken one chunk at a time (issue 32): the columns of all its
-entries form one tensor ``J[b, e, o, p]`` (``e = (α, ν, β)``, the same for every ``μ``), and
+entries form one tensor ``J[b, e, o, p]`` (``e = (ν, β, α)``, the same for every ``μ``), and
 :func:`layerwise_losses` evaluates them digit by digit in batched products. When the
 activations before the last layer are ReLU (or none), ``σ(z + δJ) − σ(z) = 1[z > 0]·δJ``
 except on the few outputs that ``δJ`` moves across the kink, so the change of the network
@@ -194,28 +194,64 @@ def layerwise_losses(objective: Objective, params, points, *,
             ones = z.new_ones(z.shape[0], 1, 1, 1)
             _piecewise_core_losses(objective, ones, z, outs[-1], (1, z.shape[-1], 1, 1), (1, 1),
                                    tail, points, members, losses)
+        elif tail is not None and kind != "core":
+            # the shortcut's per-coordinate tensors are (C, B) and (C, B, M'), not the
+            # reference's (C, B, M): chunks that large run the same arithmetic in far fewer
+            # passes (each coordinate's loss is computed alone, so its value is unchanged)
+            chunk = max(1, _CHUNK_ELEMS // (objective.inputs.shape[0] * (tail[1].shape[0] + 4)))
+            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses,
+                            chunk=chunk)
         else:
             _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
     return base, losses
 
 
 def _core_jacobian(layer: TTLinear, a: torch.Tensor, k: int) -> torch.Tensor:
-    """``J[b, e, o, p]``, e = ``(α, ν, β)`` flattened: :func:`_core_columns` laid out so that
-    one output digit's columns of every entry are one ``(B·E, M_<·M_>)`` matrix."""
-    jac = _core_columns(layer, a, k)                                   # (B, o, α, ν, β, p)
-    B, O, r0, n, r1, P = jac.shape
-    return jac.permute(0, 2, 3, 4, 1, 5).reshape(B, r0 * n * r1, O, P)
+    """``J[b, e, o, p]``, e = ``(ν, β, α)`` flattened: :func:`_core_columns` laid out so that
+    one output digit's columns of every entry are one ``(B·E, M_<·M_>)`` matrix.
+
+    Built as two products in this layout (the contraction of ``a`` with the cores after
+    ``k``, then with those before it), not as
+    :func:`_core_columns`' einsum and a permuted copy: the first core's ``J`` is then the
+    first product itself, and no core copies its ``(B, E, M_<, M_>)`` columns."""
+    cores = list(layer.cores)
+    fin, fout = layer.in_factors, layer.out_factors
+    r0, _, n, r1 = cores[k].shape
+    B = a.shape[0]
+    n_lt, n_gt = math.prod(fin[:k]), math.prod(fin[k + 1:])
+    m_lt, m_gt = math.prod(fout[:k]), math.prod(fout[k + 1:])
+    x = a.reshape(B, n_lt, n, n_gt)
+    if k + 1 < len(cores):
+        right = merge_cores(cores[k + 1:])[..., 0]                        # (r_k, M_>, N_>)
+        t = torch.matmul(x, right.reshape(r1 * m_gt, n_gt).T)            # (B, N_<, n_k, r_k·M_>)
+    else:
+        t = x
+    if k == 0:                          # N_< = M_< = r_{k-1} = 1: already (b, (ν, β), o, p)
+        return t.reshape(B, n * r1, 1, m_gt)
+    t = t.view(B, n_lt, n * r1, m_gt)                                     # (B, N_<, (ν, β), M_>)
+    left = merge_cores(cores[:k])[0]                                      # (M_<, N_<, r_{k-1})
+    # einsum, not matmul: torch.matmul broadcasting a plain 2-D left operand over this
+    # strided batch took 30x longer on the last core (torch 2.13, CPU)
+    return torch.einsum("oia,bivp->bvaop", left, t).reshape(B, n * r1 * r0, m_lt, m_gt)
+
+
+def _entry(cols: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(μ, e)`` of flat core offsets ``cols``: the output digit and the index of ``(ν, β, α)``
+    in :func:`_core_jacobian`'s layout."""
+    alpha, mu, nu, beta = _unravel(cols, shape)
+    return mu, (nu * shape[3] + beta) * shape[0] + alpha
 
 
 def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, losses) -> None:
     """Fill ``losses[n]`` for the ``members`` of core ``k`` of layer ``li`` (the last layer, or
-    one followed by element-wise activations and one last layer), output digit by digit.
+    one followed by element-wise activations and one last layer).
 
     Entry ``(α, μ, ν, β)`` changes only the outputs ``(o, μ, p)``, by ``δ·J[b, e, o, p]``. For
     one digit ``μ`` the perturbed outputs of every selected entry are one broadcast
     ``z_μ + δ·J`` (no per-coordinate gather); after the activation, the change of the
-    network output is one matrix product with the last layer's ``W'[:, (o, μ, p)]``, and
-    when the layer is the last, only the logits of digit ``μ`` are replaced."""
+    network output is one matrix product with the last layer's ``W'[:, (o, μ, p)]``. A ReLU /
+    identity tail takes :func:`_piecewise_core_losses`, the last layer
+    :func:`_last_core_losses`."""
     x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
     layer, a, z = layers[li], acts[li], outs[li]
     B, logits = x.shape[0], outs[-1]
@@ -224,17 +260,19 @@ def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, lo
     jac = _core_jacobian(layer, a, k)                                  # (B, E, O, P)
     flat = torch.tensor([points[j][1] for j in members], dtype=torch.long)
     deltas = torch.tensor([points[j][2] for j in members], dtype=z.dtype, device=z.device)
-    alpha, mu, nu, beta = _unravel(flat, (r0, m, n, r1))
-    entry = (alpha * n + nu) * r1 + beta
+    mu, entry = _entry(flat, (r0, m, n, r1))
     zv = z.view(B, O, m, P)
     tail = None if li == len(layers) - 1 else _tail(layers, li)
     if _piecewise(tail):
         _piecewise_core_losses(objective, jac, z, logits, (r0, m, n, r1), (O, P), tail,
                                points, members, losses)
         return
-    if tail is not None:
-        acts_after, w = tail
-        wv = w.view(w.shape[0], O, m, P)
+    if tail is None:
+        _last_core_losses(objective, jac, logits, (O, m, P), mu, entry, deltas, members,
+                          losses)
+        return
+    acts_after, w = tail
+    wv = w.view(w.shape[0], O, m, P)
     chunk = max(1, _SLICE_ELEMS // (B * O * P))
     members_t = torch.tensor(members, dtype=torch.long)
     buf = z.new_empty(B * min(chunk, len(members)) * O * P)
@@ -243,9 +281,8 @@ def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, lo
         if not on.numel():
             continue
         z_mu = zv[:, :, digit, :].unsqueeze(1)                        # (B, 1, O, P)
-        if tail is not None:
-            s_mu = _activate(acts_after, z_mu)
-            w_mu = wv[:, :, digit, :].reshape(w.shape[0], O * P)      # (C', O·P), contiguous
+        s_mu = _activate(acts_after, z_mu)
+        w_mu = wv[:, :, digit, :].reshape(w.shape[0], O * P)          # (C', O·P), contiguous
         for start in range(0, on.numel(), chunk):
             sel = on[start:start + chunk]
             e, d = entry[sel], deltas[sel]
@@ -257,16 +294,37 @@ def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, lo
                 cols = jac.index_select(1, e.to(jac.device))
             z_new = buf[:B * c * O * P].view(B, c, O, P)
             torch.mul(cols, d.view(1, c, 1, 1), out=z_new).add_(z_mu)  # z_μ + δ·J
-            if tail is None:
-                h = logits.unsqueeze(1).repeat(1, c, 1)
-                h.view(B, c, O, m, P)[:, :, :, digit, :] = z_new
-            else:
-                change = _activate(acts_after, z_new, inplace=True).sub_(s_mu)
-                # W' as the transposed view of a contiguous (C', O·P): MKL's fast layout
-                h = torch.matmul(change.view(B, c, O * P), w_mu.T).add_(logits.unsqueeze(1))
+            change = _activate(acts_after, z_new, inplace=True).sub_(s_mu)
+            # W' as the transposed view of a contiguous (C', O·P): MKL's fast layout
+            h = torch.matmul(change.view(B, c, O * P), w_mu.T).add_(logits.unsqueeze(1))
             per = loss_fn(h.reshape(B * c, -1), y.repeat_interleave(c)).view(B, c).mean(0)
             for j, value in zip(members_t[sel].tolist(), per.tolist()):
                 losses[j] = value
+
+
+def _last_core_losses(objective, jac, logits, split, mu, entry, deltas, members,
+                      losses) -> None:
+    """:func:`_core_slice_losses` for a core of the last layer: every digit at once.
+
+    Entry ``(α, μ, ν, β)`` moves the logits ``(o, μ, p)`` by ``δ·J[b, e, o, p]`` and leaves
+    the others; for a chunk of entries the perturbed logits are the cached ones plus
+    ``δ·J`` placed at each entry's digit by a one-hot over the digits (adding an exact 0
+    elsewhere), one broadcast for all digits instead of a pass per digit."""
+    y, loss_fn = objective.targets, objective.loss_fn
+    O, m, P = split
+    B, C = logits.shape
+    onehot = torch.nn.functional.one_hot(mu, m).to(logits.dtype)      # (c, m)
+    chunk = max(1, _SLICE_ELEMS // (B * C))
+    for start in range(0, len(members), chunk):
+        sel = slice(start, start + chunk)
+        e, d = entry[sel], deltas[sel]
+        c = e.numel()
+        moved = jac.index_select(1, e.to(jac.device)).mul_(d.view(1, c, 1, 1))  # (B, c, O, P)
+        h = (moved.unsqueeze(3) * onehot[sel].view(1, c, 1, m, 1)).view(B, c, C)
+        h.add_(logits.unsqueeze(1))
+        per = loss_fn(h.view(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
+        for j, value in zip(members[sel], per.tolist()):
+            losses[j] = value
 
 
 def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, points, members,
@@ -279,10 +337,12 @@ def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, points
     where ``z + δJ`` and ``z`` lie on different sides of the kink, which needs
     ``|z| ≤ |δ|·max_e |J|``. So the output change of entry ``(α, μ, ν, β)`` is
     ``δ·Σ_{o,p} J[b, e, o, p]·1[z > 0]·W'[:, (o, μ, p)]`` -- one ``(B, E, M_<·M_>) @
-    (B, M_<·M_>, m·C')`` product for all entries and digits of the core -- plus ``κ·W'``
-    on those few ``(b, o, μ, p)``, computed exactly. Equal to ``W'(σ(z + δJ) − σ(z))`` in
-    exact arithmetic; in floats it skips the cancellation of ``σ(z + δJ) − σ(z)``, so it
-    differs from the reference by less than that rounding (≤ ulp(z) per output)."""
+    (B, M_<·M_>, m·C')`` product for all entries and digits of the core, laid out in the
+    core's own (flat) entry order so that a full CGE step reads it without a gather -- plus
+    ``κ·W'`` on the few ``(b, o, μ, p, e)`` that cross the kink, computed exactly
+    (:func:`_add_kinks`). Equal to ``W'(σ(z + δJ) − σ(z))`` in exact arithmetic; in floats it
+    skips the cancellation of ``σ(z + δJ) − σ(z)``, so it differs from the reference by less
+    than that rounding (≤ ulp(z) per output)."""
     x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
     acts_after, w = tail
     r0, m, n, r1 = shape
@@ -291,49 +351,80 @@ def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, points
     kinked = any(isinstance(act, nn.ReLU) for act in acts_after)
     zv = z.view(B, O, m, P)
     wv = w.view(C, O, m, P)
-    active = (zv > 0).to(z.dtype) if kinked else torch.ones_like(zv)
-    # g[b, (μ, c), (o, p)] = 1[z_(o, μ, p) > 0]·W'[c, (o, μ, p)]; passed to bmm transposed,
-    # MKL's fast layout for a narrow right operand
-    g = (active.permute(0, 2, 1, 3).unsqueeze(2)
-         * wv.permute(2, 0, 1, 3).unsqueeze(0)).reshape(B, m * C, O * P)
-    unit = torch.bmm(jac.view(B, E, O * P), g.transpose(1, 2))        # (B, E, m·C)
-    unit = unit.view(B, E, m, C).permute(0, 2, 1, 3).contiguous()      # (B, m, E, C)
+    if E == O * P == 1:
+        # one entry and one output per digit (a bias): the product is J·1[z > 0]·W', (B, M, C)
+        scale = ((z > 0).to(z.dtype) if kinked else torch.ones_like(z)) * jac.view(B, 1)
+        unit = scale.unsqueeze(2) * w.T.unsqueeze(0)
+    else:
+        active = (zv > 0).to(z.dtype) if kinked else torch.ones_like(zv)
+        # g[b, (μ, c), (o, p)] = 1[z_(o, μ, p) > 0]·W'[c, (o, μ, p)]; passed to bmm
+        # transposed, MKL's fast layout for a narrow right operand
+        g = (active.permute(0, 2, 1, 3).unsqueeze(2)
+             * wv.permute(2, 0, 1, 3).unsqueeze(0)).reshape(B, m * C, O * P)
+        unit = torch.bmm(jac.view(B, E, O * P), g.transpose(1, 2))    # (B, (ν, β, α), (μ, c))
+        # -> (B, (α, μ, ν, β), C): the core's flat order
+        unit = unit.view(B, n * r1, r0, m, C).permute(0, 2, 3, 1, 4).reshape(B, -1, C)
     flat = torch.tensor([points[j][1] for j in members], dtype=torch.long)
     deltas = torch.tensor([points[j][2] for j in members], dtype=z.dtype, device=z.device)
-    alpha, mu, nu, beta = _unravel(flat, shape)
-    entry = (alpha * n + nu) * r1 + beta
     members_t = torch.tensor(members, dtype=torch.long)
     for sel in _rounds(flat):
-        table = z.new_zeros(m, E)               # δ of each (digit, entry) of this round
-        table[mu[sel], entry[sel]] = deltas[sel]
-        change = unit * table[None, :, :, None]                        # (B, m, E, C)
-        if kinked:
-            _add_kinks(change, jac, zv, table, wv)
-        h = change[:, mu[sel], entry[sel], :].add_(logits.unsqueeze(1))  # (B, s, C)
         c = sel.numel()
-        per = loss_fn(h.reshape(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
+        cols, d = flat[sel], deltas[sel]
+        first = int(cols[0])
+        if torch.equal(cols, torch.arange(first, first + c)):
+            h = torch.mul(unit[:, first:first + c], d.view(1, c, 1),  # a view: no gather
+                          out=unit.new_empty(B, c, C))
+        else:
+            h = unit.index_select(1, cols.to(unit.device)).mul_(d.view(1, c, 1))
+        if kinked:
+            _add_kinks(h, jac, zv, wv, shape, cols, d)
+        h.add_(logits.unsqueeze(1))                                   # (B, c, C)
+        per = loss_fn(h.view(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
         for j, value in zip(members_t[sel].tolist(), per.tolist()):
             losses[j] = value
 
 
-def _add_kinks(change, jac, zv, table, wv) -> None:
-    """Add ``κ·W'`` (see :func:`_piecewise_core_losses`) to ``change`` ``(B, m, E, C)``
-    in place, for the outputs that some entry's ``δ·J`` could move across ReLU's kink."""
+def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
+    """Add ``κ·W'`` (see :func:`_piecewise_core_losses`) in place to ``h`` ``(B, c, C)``,
+    whose column ``s`` is the output change of the core entry at flat offset ``cols[s]``
+    moved by ``deltas[s]`` (no offset twice), for the ``(b, o, μ, p, e)`` whose ``δ·J``
+    moves the output across ReLU's kink."""
     B, O, m, P = zv.shape
-    E, C = jac.shape[1], wv.shape[0]
+    E, C, c = jac.shape[1], wv.shape[0], cols.numel()
+    r0, _, n, r1 = shape
+    if c == m * E and torch.equal(cols, torch.arange(c)):
+        # every entry in flat order (a full CGE step): the tables are permuted views
+        def by_digit(t):
+            return t.view(r0, m, n * r1).permute(1, 2, 0).reshape(m, E)
+        table, column = by_digit(deltas), by_digit(torch.arange(c))
+    else:
+        mu, entry = _entry(cols, shape)
+        table = zv.new_zeros(m, E)              # δ of each (digit, entry), 0 if not asked
+        table[mu, entry] = deltas
+        column = torch.full((m, E), -1, dtype=torch.long)   # its column in h
+        column[mu, entry] = torch.arange(c)
     # amax and amin apart: torch.aminmax over a middle dim is ~5x slower (torch 2.13, CPU)
     reach = torch.maximum(jac.amax(1), jac.amin(1).neg_()).unsqueeze(2)        # (B, O, 1, P)
     reach = reach * table.abs().amax(1).view(1, 1, m, 1)
     b, o, u, p = (zv.abs() <= reach).nonzero(as_tuple=True)
-    flat_change = change.view(B * m, E, C)
-    step = max(1, _CHUNK_ELEMS // (E * C))
+    flat_h = h.view(B * c, C)
+    w_rows = wv.reshape(C, -1).T                # (M, C): W' row of each output (o, μ, p)
+    jac_rows = jac.permute(0, 2, 3, 1)          # (B, O, P, E): one gather per candidate
+    step = max(1, _CHUNK_ELEMS // E)
     for start in range(0, b.numel(), step):
         bs, os_, us, ps = (t[start:start + step] for t in (b, o, u, p))
-        moved = table[us] * jac[bs, :, os_, ps]                         # (n, E): δ·J
+        moved = table[us] * jac_rows[bs, os_, ps]                       # (k, E): δ·J
         zc = zv[bs, os_, us, ps].unsqueeze(1)
-        kink = (zc + moved).relu_().sub_(zc.relu()).sub_(moved * (zc > 0))
-        flat_change.index_add_(0, bs * m + us,
-                               kink.unsqueeze(-1) * wv[:, os_, us, ps].T.unsqueeze(1))
+        after = zc + moved
+        # only a crossing changes σ's slope; elsewhere κ is 0 exactly
+        k, e = ((after > 0) != (zc > 0)).nonzero(as_tuple=True)
+        if not k.numel():
+            continue
+        zk, ak, mk = zc[k, 0], after[k, e], moved[k, e]
+        kink = ak.relu() - zk.relu() - mk * (zk > 0)
+        rows = bs[k] * c + column[us[k], e]
+        outputs = (os_[k] * m + us[k]) * P + ps[k]
+        flat_h.index_add_(0, rows, kink.unsqueeze(1) * w_rows.index_select(0, outputs))
 
 
 def _rounds(flat: torch.Tensor) -> list[torch.Tensor]:
@@ -366,9 +457,11 @@ def _activate(acts, t: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     return t
 
 
-def _chunked_losses(objective, layers, where, acts, outs, points, members, losses) -> None:
+def _chunked_losses(objective, layers, where, acts, outs, points, members, losses, *,
+                    chunk: int | None = None) -> None:
     """Fill ``losses[n]`` for the ``members`` (indices into ``points``) of one tensor located
-    at ``where``, a chunk of coordinates at a time (the reference path)."""
+    at ``where``, ``chunk`` coordinates at a time (default: the reference path's, sized for
+    the whole layer output ``(C, B, M)``)."""
     x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
     B = x.shape[0]
     li, kind, extra = where
@@ -384,7 +477,8 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
         idx = _unravel(flat, layer.cores[k].shape)
         split = (math.prod(layer.out_factors[:k]), layer.out_factors[k], -1)
     tail = _tail(layers, li)
-    chunk = max(1, _CHUNK_ELEMS // (B * M))
+    if chunk is None:
+        chunk = max(1, _CHUNK_ELEMS // (B * M))
     for start in range(0, len(members), chunk):
         sel = slice(start, start + chunk)
         j, d = flat[sel], deltas[sel]
