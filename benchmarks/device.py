@@ -206,12 +206,14 @@ def measure_memory(spec: Program, model, example, work: Path) -> dict:
     weights = sum(r["d_w"] + (4 * r["cout"] if r["mode"] == "np" else 0)
                   for r in program.meta["trainable"])
     rule = analytic_report(program)
-    activations = [row["offset"] for row in program.meta["arena_plan"]
-                   if row["buffer"].startswith("act[")]
+    # The kernels' scratch and the step's buffers (which the frozen prefix's activations may
+    # share: plan.STEP_BUFFERS); not the activations nor the perturbed passes' extents.
+    fixed = sum(row["bytes"] for row in program.meta["arena_plan"]
+                if not row["buffer"].startswith(("act[", "perturbed passes")))
     largest = max(program.meta["trainable"], key=lambda r: r["d_w"] + r["cout"])
     return {**sizes, "fits": fits, "arena": program.meta["arena_bytes"], "weights": weights,
             "largest": {k: largest[k] for k in ("name", "mode", "d_w", "cout")},
-            "arena_fixed": min(activations), "inference": inference_bytes(graph, spec.batch),
+            "arena_fixed": fixed, "inference": inference_bytes(graph, spec.batch),
             "analytic": None if rule is None else int(rule.total),
             "analytic_parts": None if rule is None else dict(rule.parts),
             "macs": step_macs(program), "layerwise_macs": layerwise_macs(program),

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="train only one of four blocks (PMT §3.3 sparse update); see --block")
     ex.add_argument("--block", type=int, default=4, choices=(1, 2, 3, 4),
                     help="with --sparse: the block to train (default 4, the last; PMT §4.4 "
-                         "trains block 3, whose MCUNet-in1 program fits 320 KiB)")
+                         "trains block 3, whose MCUNet-in1 program fits 256 KiB)")
     ex.add_argument("--seed", type=int, default=1, help="perturbation seed (>= 1)")
     ex.add_argument("--queries", type=int,
                     help="queries Q per layer and step (default: 50 for mcunet-in1, PMT Tables "

@@ -83,7 +83,7 @@ def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, 
     out.append(f"static bpf_affine affine[{max(len(rows), 1)}] = {{\n" + ",\n".join(rows) + "\n};")
 
     op_rows = []
-    for op in graph.ops:
+    for k, op in enumerate(graph.ops):
         p = op.params
         (kh, kw), (sh, sw), (ph, pw) = (p.get("kernel", (0, 0)), p.get("stride", (0, 0)),
                                         p.get("padding", (0, 0)))
@@ -99,6 +99,9 @@ def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, 
             qmin, qmax = -128, 127
         else:
             qmin, qmax = p.get("qmin", -128), p.get("qmax", 127)
+        if op.kind == "affine" and plan.op_exec:  # the frozen prefix's schedule (plan.OpExec)
+            e = plan.op_exec[k]
+            a[:3] = [e.mode, e.channels, e.staging]
         in2 = op.inputs[1] if len(op.inputs) > 1 else -1
         param = param_of.get(id(op), -1)
         op_rows.append(f"  {{{KINDS[op.kind]}, {op.inputs[0]}, {in2}, {op.output}, {param}, "
