@@ -619,11 +619,31 @@ static int depthwise_fast(const bpf_affine *p) {
 #pragma GCC pop_options
 #endif
 
+/* FloatRuleLinear (a .tflite's FULLY_CONNECTED): int64 sums of w (x - z_x), then the
+ * float-scale epilogue in IEEE double, exact as bpfree.models.mcunet.float_rule computes it
+ * (acc + bias is exact below 2^53; one rounded product; round or rint). */
+static void linear_float_rule(const bpf_affine *p, const int8_t *x, int8_t *y, int32_t batch,
+                              int32_t in_numel, int32_t out_numel, int32_t lo, int32_t hi) {
+    for (int32_t n = 0; n < batch; n++) {
+        const int8_t *xn = x + (int64_t)n * in_numel;
+        for (int32_t co = 0; co < p->cout; co++) {
+            const int8_t *wc = p->w + (int64_t)co * p->cin;
+            int64_t acc = 0;
+            for (int32_t k = 0; k < p->cin; k++) acc += (int64_t)wc[k] * (xn[k] - p->in_zp);
+            double v = (double)(acc + p->b[co]) * p->eff[co];
+            v = (p->rounding ? round(v) : rint(v)) + (double)p->out_zp;
+            y[(int64_t)n * out_numel + co] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+        }
+    }
+}
+
 /* QConv2d / QLinear: the fast kernels where they apply, else affine_reference. */
 static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti,
                    const bpf_tensor *to, const int8_t *x, int8_t *y, int32_t batch) {
     int32_t lo = p->np_seed ? -128 : p->qmin, hi = p->np_seed ? 127 : p->qmax;
-    if (p->groups == 1 && p->cout >= 2 && m->scratch &&
+    if (p->eff)
+        linear_float_rule(p, x, y, batch, (int32_t)ti->numel, (int32_t)to->numel, lo, hi);
+    else if (p->groups == 1 && p->cout >= 2 && m->scratch &&
         p->cin * p->kh * p->kw * (is_pointwise(p) ? 2 : 3) <= m->scratch_elems)
         affine_gemm(p, ti, to, x, y, batch, m->scratch, m->scratch_elems, lo, hi);
     else if (depthwise_fast(p) && m->scratch &&
@@ -795,6 +815,21 @@ static void run_inplace(bpf_model *m, const bpf_op *op, int32_t batch) {
         }
 }
 
+/* QPad (a .tflite's PAD): the zero point around each channel plane. */
+static void pad(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, const int8_t *x,
+                int8_t *y, int32_t batch) {
+    int32_t top = op->a[0], left = op->a[2];
+    for (int32_t n = 0; n < batch; n++)
+        for (int32_t c = 0; c < to->c; c++) {
+            const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ti->h * ti->w;
+            int8_t *yc = y + (int64_t)n * to->numel + (int64_t)c * to->h * to->w;
+            memset(yc, op->a[4], (size_t)to->h * to->w);
+            for (int32_t i = 0; i < ti->h; i++)
+                memcpy(yc + (int64_t)(i + top) * to->w + left, xc + (int64_t)i * ti->w,
+                       (size_t)ti->w);
+        }
+}
+
 static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, int32_t batch) {
     const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
     const int8_t *x = tensor_at(m, op->in, placement);
@@ -806,6 +841,7 @@ static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, in
     case OP_MAXPOOL:
     case OP_AVGPOOL: pool(op, ti, to, x, y, batch); break;
     case OP_GAP: gap(op, ti, to, x, y, batch); break;
+    case OP_PAD: pad(op, ti, to, x, y, batch); break;
     case OP_CLAMP:
         for (int64_t i = 0; i < count; i++) y[i] = (int8_t)clampi(x[i], op->qmin, op->qmax);
         break;
