@@ -31,7 +31,7 @@ def _memory(full_kb=600.0, sparse_kb=200.0, full_fits=True, sparse_fits=True):
 
 def _measures(**kw):
     per_mac = kw.get("insns_per_mac", 2.5)
-    instructions = {"sparse": {"q1": 2e9, "q2": 3e9, "projected": 51e9,
+    instructions = {"sparse": {"q1": 2e9, "q2": 3e9, "projected": kw.get("projected", 1.8e9),
                                "inference": per_mac * 1.6e8, "exact": kw.get("emu_exact", True),
                                "kernels": {"pointwise": 2e8, "depthwise": 1e8},
                                "kernel_macs": {"pointwise": 1.2e8, "depthwise": 0.4e8},
@@ -78,6 +78,7 @@ def test_every_claim_holds_when_the_measures_meet_them():
     (None, {"trace_gap": 200}, {"device-counter-trace"}),
     (None, {"macs_over_floor": 1.2}, {"device-sparse-macs-layerwise"}),
     (None, {"mlp_sim": 0.005}, {"device-host-faster"}),
+    (None, {"projected": 51e9}, {"device-sparse-latency-190ms", "device-sparse-latency-stm32f746"}),
     # means 91 and 93 with std 1 each over 3 seeds: SE = sqrt(2/3) = 0.82, 2 SE = 1.63 < 2
     (None, {"accuracy": _accuracy(exact=(93.0, 92.0, 94.0))}, {"device-exact-accuracy"}),
     (None, {"accuracy": _accuracy(exact=(89.0, 88.0, 90.0))}, {"device-exact-accuracy"}),
@@ -101,7 +102,8 @@ def test_rows_carry_the_papers_figures_for_mcunet():
     assert paper[(full, "data + bss = SRAM used (KB)")] == 668.0
     assert paper[(full, "trainable weights in SRAM (KB)")] == 478.0
     assert paper[(full, "inference-only activations (KB)")] == 190.0
-    instructions, _, _ = _measures()
+    instructions, _, _ = _measures(projected=51e9)
+    instructions["sparse"]["step_macs"] = 17e9
     rows = device._instruction_rows(instructions)
     latency = next(r for r in rows if r["metric"].startswith("projected step latency"))
     assert latency["value"] == pytest.approx(51e9 / 4e8 * 0.190)
@@ -110,6 +112,8 @@ def test_rows_carry_the_papers_figures_for_mcunet():
     per_mac = {r["metric"]: r["value"] for r in rows if r["table"].startswith("instructions per")}
     assert per_mac["pointwise: instructions per MAC"] == pytest.approx(2e8 / 1.2e8)
     assert per_mac["whole inference: instructions per MAC"] == pytest.approx(2.5)
+    step = next(r for r in rows if r["metric"] == "per step at Q=50: instructions per MAC")
+    assert step["value"] == pytest.approx(3.0)
     assert latency["paper"] == pytest.approx(9.939)
 
 
