@@ -12,7 +12,7 @@ import torch
 from ..data import load_digits_split
 from ..data.idx import load_mnist
 from ..data.npz import load_npz
-from ..io import check_input_file, refuse_output_over_input, write_json
+from ..io import refuse_output_over_input, write_json
 from ..memory_cli import DEFAULT_BATCH_QUERIES
 from ..models import digits_mlp, mcunet_in1, mnist_cnn
 from ..models.mcunet import load_quantized
