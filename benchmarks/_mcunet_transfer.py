@@ -75,7 +75,7 @@ class TransferSetup:
     lr: float = 0.1
     block_lr: float = 1e-3
     bp_lrs: tuple[float, ...] = (1e-3, 1e-2)
-    fp32_lrs: tuple[float, ...] = (1e-3, 1e-2)
+    fp32_lrs: tuple[float, ...] = (3e-5, 1e-4, 3e-4)
     head_init: str = "means"
     dense: bool = False
     seed: int = 0
@@ -238,12 +238,18 @@ def float_names(qmodel: nn.Module, float_model: nn.Module, example: torch.Tensor
 
 def float_graph(qmodel: nn.Module) -> nn.Module:
     """The FP32 graph of ``qmodel`` for FP32 BP: :func:`bpfree.quant.twin.float_twin` with
-    ``fake_quant=False`` plus, after every layer, a clamp to the real range of its int8 output
-    quantization. The imported MCUNet fuses ReLU6 as that output range (no activation flag),
-    so without the clamps the float graph would lose its nonlinearities."""
-    from bpfree.quant.twin import float_twin
+    ``fake_quant=False``, its Parameters in float units (:func:`bpfree.quant.twin.
+    to_float_units`: on the twin's integer units SGD would step each weight by
+    ``lr * s_w^2 * g``, so FP32 BP barely trained), plus, after every layer, a clamp to the
+    real range of its int8 output quantization. The imported MCUNet fuses ReLU6 as that output
+    range (no activation flag), so without the clamps the float graph would lose its
+    nonlinearities. The classifier's logits are not clamped: their int8 range is the deployed
+    model's saturation, not part of an FP32 model, and a clamp there is a trap (once every
+    logit sits past the same bound the loss is log(classes) with a zero gradient)."""
+    from bpfree.quant.twin import float_twin, to_float_units
 
-    twin = float_twin(qmodel, fake_quant=False)
+    twin = to_float_units(float_twin(qmodel, fake_quant=False))
+    classifier = twin.body[len(twin.body) - 1]
 
     def clamp_hook(lo: float, hi: float):
         def hook(module, args, out):
@@ -254,7 +260,7 @@ def float_graph(qmodel: nn.Module) -> nn.Module:
         q = getattr(module, "output_quant", None)
         if q is None and hasattr(module, "kind"):
             q = getattr(module, "quant", None)
-        if q is None or module is twin:
+        if q is None or module is twin or module is classifier:
             continue
         lo, hi = q.scale * (-128 - q.zero_point), q.scale * (127 - q.zero_point)
         module.register_forward_hook(clamp_hook(lo, hi))
@@ -377,9 +383,9 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
 
         def make_fp32(start=model_sel):
             twin = float_graph(copy.deepcopy(start))
-            # The new head at the head's rate, as PMT's lr_scale does: at the backbone's rate
-            # alone its steps are far too small to move it (the loss stayed flat).
-            return FullTrainFP32(twin, lr_scale={HEAD: setup.lr / setup.block_lr}), twin
+            # Plain SGD at one rate for every layer (PMT §4.1). In float units the head needs
+            # no rate of its own: the x100 it had made up for the integer-unit steps.
+            return FullTrainFP32(twin), twin
 
         lr, scores = pick_lr(make_fp32, xtr_f, ytr, setup.fp32_lrs, epochs=setup.epochs,
                              batch_size=setup.batch_size, seed=setup.seed, holdout=HOLDOUT)
@@ -390,6 +396,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         out["fp32-bp"] = _result(accuracy(twin, xte_f, yte), n + method.forwards,
                                  time.perf_counter() - t0 + feature_seconds, lr=lr,
                                  lr_holdout_accuracy=scores, trained="all layers (dense)",
+                                 parameters="float units",
                                  start_accuracy=accuracy(float_graph(model0), xte_f, yte),
                                  train_loss_before=loss_before,
                                  train_loss_after=_train_loss(twin, xtr_f, ytr),

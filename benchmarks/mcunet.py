@@ -18,7 +18,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 
-from bpfree.bench.claims import claim
+from bpfree.bench.claims import (all_hold, binomial_se, claim, exceeds, order, sanity_claim,
+                                 tolerance)
 from bpfree.bench.parallel import default_workers, spawn_pool
 
 NAME = "mcunet"
@@ -49,12 +50,15 @@ def _setup(quick: bool):
     if quick:
         return TransferSetup(train_images=200, test_images=300, queries=2, epochs=1,
                              head_epochs=20, batch_size=50, bp_lrs=(1e-3, 1e-2),
-                             fp32_lrs=(1e-2,), head_init="means", dense=False, seed=SEED)
+                             fp32_lrs=(1e-4,), head_init="means", dense=False, seed=SEED)
     # Full run: 698 s on 2 idle CPU cores (results/mcunet.json). CPU only: the int8 kernels
-    # run on the CPU here. PMT dense is the largest cost.
+    # run on the CPU here. PMT dense is the largest cost. FP32 BP's rates are float-unit SGD
+    # rates (to_float_units): on a 200-image MNIST pilot, 8 steps at 1e-3 drove every logit
+    # past one bound (loss log 10), 1e-4 trained (loss 0.74 -> 0.52, test 71.8 -> 77.0 %).
     return TransferSetup(train_images=500, test_images=2000, queries=4, epochs=2,
                          head_epochs=50, batch_size=50, bp_lrs=(3e-4, 1e-3, 3e-3, 1e-2),
-                         fp32_lrs=(1e-3, 3e-3, 1e-2), head_init="means", dense=True, seed=SEED)
+                         fp32_lrs=(1e-5, 3e-5, 1e-4, 3e-4), head_init="means", dense=True,
+                         seed=SEED)
 
 
 def run(quick: bool):
@@ -113,7 +117,6 @@ def run(quick: bool):
 
     blocks = results[("transfer", DATASETS[0])]["blocks"]
     extra = {
-        "claims": ledger(results, tables),
         "setup": setup.as_dict(),
         "model": str(model_dir),
         "workers": workers,
@@ -147,7 +150,8 @@ def run(quick: bool):
             "count forwards only (each also runs a backward); a pass of the head alone on a "
             "cached feature counts as one",
             "FP32 BP trains every layer of the float graph of the same model (float_twin, "
-            "fake_quant=False) and is evaluated in float; INT8 sparse BP uses the fake-quant "
+            "fake_quant=False, its parameters in float units: to_float_units) and is "
+            "evaluated in float; INT8 sparse BP uses the fake-quant "
             "twin (STE + QAS) and writes integer updates; BP learning rates chosen on a "
             "held-out fifth of the training images",
             f"memory for the block chosen on {DATASETS[0]} (+ head), Q={setup.queries}, at N=1 "
@@ -179,64 +183,146 @@ def run(quick: bool):
     }
     if not setup.dense:
         extra["notes"].append("PMT dense not run in this mode (budget); the full run runs it")
+    extra["claims"] = ledger(rows, extra)
     return rows, extra
 
 
-def ledger(results: dict, tables) -> list[dict]:
-    """Tables 8-9 and the transfer's claims, each verdict computed from this run's numbers."""
-    by = {(r.table, r.quantity): r for r in tables}
+def ledger_from_result(document: dict) -> list[dict]:
+    """:func:`ledger` recomputed from a committed result file (its rows and ``extra``)."""
+    return ledger(document["rows"], document["extra"])
 
-    def find(table, start):
-        return next(r for (t, q), r in by.items() if t == table and q.startswith(start))
 
-    paper_acct = find("8", "BP-free memory = parameters")
-    rule = find("8", "BP-free memory, bpfree pmt rule")
-    bp = find("8", "BP memory, fp32")
-    stage = find("8", "BP-free compute, stage-wise")
-    sparse = find("9", "BP-free sparse: trainable block")
+def _table_row(rows: list[dict], table: str, start: str) -> dict:
+    """The analytic Table 8 / 9 row whose quantity starts with ``start``."""
+    title = f"PMT Table {table} (analytic, N=1, Q=50)"
+    return next(r for r in rows if r["table"] == title and r["method"].startswith(start))
+
+
+def _accuracies(rows: list[dict], dataset: str) -> tuple[dict[str, float], int]:
+    """method key -> test accuracy (%) on ``dataset``, and the number of test images."""
+    out, n_test = {}, 0
+    for key, label in LABELS.items():
+        for r in rows:
+            if (r["table"] == TABLE_ACC and r["method"] == label and r["metric"] ==
+                    "accuracy (%)" and r["setting"].startswith(f"{dataset}, ")):
+                out[key] = r["value"]
+                n_test = int(r["setting"].split("/ ")[1].split()[0])
+    return out, n_test
+
+
+#: "similar validation accuracy (0.5% lower)" than MCUTrain (PMT §4.3.3): the bound, rounded up.
+NEAR_MCUTRAIN = 1.0
+TEST_NOISE = ("one seed, so no seed spread: the tolerance is 2 binomial standard errors of the "
+              "two test accuracies (test-set sampling noise, treated as independent)")
+
+
+def ledger(rows: list[dict], extra: dict) -> list[dict]:
+    """Tables 8-11 and the transfer's claims, each verdict computed from this run's rows.
+
+    Memory and compute use one figure per quantity: the SRAM, MACs and latency of a BP-free
+    step are decided on the linked program (bench device: device-full-fits-h7b3,
+    device-sparse-fits-256, device-full-668, device-sparse-209, device-*-macs-table8/9,
+    device-*-latency-table8/9), so this ledger keeps the paper's formulas and bpfree's rules
+    as rows of PMT Tables 8-9, not as verdicts.
+    Accuracy claims are analogues on Fashion-MNIST and MNIST (the paper's CIFAR-10-C, FGVC and
+    VWW are not on hand): they check the paper's orderings, not its numbers."""
+    paper_acct = _table_row(rows, "8", "BP-free memory = parameters")
+    bp = _table_row(rows, "8", "BP memory, fp32")
     out = [
         claim("t8-bpfree-memory", "Table 8",
-              "BP-free full-model training needs parameters + inference peak: within 10 % of "
-              "the paper's 668 KB",
-              paper=paper_acct.paper, ours=round(paper_acct.ours, 1),
-              holds=abs(paper_acct.ours / paper_acct.paper - 1) <= 0.10),
-        claim("t8-fits-h7b3", "Table 8, §4.3.1",
-              f"Full-model BP-free training (bpfree's pmt rule, with the gradient buffer) fits "
-              f"the STM32H7B3's {SRAM_H7B3_KB} KB SRAM; FP32 BP does not",
-              paper=f"668 KB vs {bp.paper:g} KB", ours=f"{rule.ours:.1f} KB vs {bp.ours:.1f} KB",
-              holds=rule.ours <= SRAM_H7B3_KB < bp.ours,
-              note=f"bpfree's rule: {rule.note}. The paper's 668 KB counts parameters + "
-                   "inference peak only; the largest layer's fp32/int32 gradient buffer (kept "
-                   "so the update rounds the summed estimate once, Eq. 8) is what goes past "
-                   "1024 KB"),
-        claim("t8-compute", "Table 8",
-              "BP-free compute per iteration is 7 * Q * F (stage-wise, full forwards): within "
-              "1 % of the paper's 7,857.5 MMACs",
-              paper=stage.paper, ours=round(stage.ours, 1),
-              holds=abs(stage.ours / stage.paper - 1) <= 0.01),
-        claim("t9-sparse-fits-f746", "Table 9",
-              f"Sparse BP-free training (trainable block + inference peak) fits "
-              f"{SRAM_F746_KB} KB",
-              paper=sparse.paper, ours=round(sparse.ours, 1), holds=sparse.ours <= SRAM_F746_KB),
+              "The paper's accounting of full-model BP-free memory (parameters + inference "
+              "peak), applied to our MCUNet-in1, gives its 668 KB within 10 % (a check of the "
+              "model's size, not of a program)",
+              paper=paper_acct["paper"], ours=round(paper_acct["value"], 1),
+              holds=abs(paper_acct["value"] / paper_acct["paper"] - 1) <= 0.10,
+              note="the SRAM a full-model program needs is decided on the linked program: "
+                   "bench device's device-full-fits-h7b3 and device-full-668"),
+        claim("t8-bp-exceeds-h7b3", "Table 8, §4.3.1",
+              f"FP32 BP of all layers (bpfree's bp rule, N=1) needs more than the "
+              f"STM32H7B3's {SRAM_H7B3_KB} KB SRAM",
+              paper=bp["paper"], ours=round(bp["value"], 1), holds=bp["value"] > SRAM_H7B3_KB,
+              note="the other half of §4.3.1, that full-model BP-free training fits, is "
+                   "decided on the linked program (device-full-fits-h7b3); bpfree's pmt rule "
+                   "(it keeps an fp32 gradient buffer the C program does not) and the "
+                   "paper's formula are rows of PMT Table 8 here"),
     ]
+    acc = {d: _accuracies(rows, d) for d in DATASETS}
+
+    def tol(d: str, a: str, b: str) -> float:
+        values, n = acc[d]
+        return tolerance(binomial_se(values[a], n), binomial_se(values[b], n))
+
     for d in DATASETS:
-        r = results[("transfer", d)]
-        base = r["head-init"]["accuracy"]
-        fp = r["fp32-bp"]
-        fx = fp["extra"]
-        first, last = fx.get("train_loss_before"), fx.get("train_loss_after")
-        out.append(claim(
-            f"fp32-bp-trains-{d}", "baseline sanity (issue 14)",
-            f"FP32 FullTrain BP of MCUNet-in1 trains on {d}: its loss on the whole training "
-            "set falls",
-            paper=None,
-            ours=f"training loss {first:.4f} -> {last:.4f}; test accuracy {fx['start_accuracy']:.1f} -> "
-                 f"{fp['accuracy']:.1f} %" if first is not None and last is not None
-            else "no loss recorded",
-            holds=None if first is None or last is None else last < first))
+        values, n = acc[d]
+        fx = extra["per_method"][d]["fp32-bp"]
+        stale = None if fx.get("parameters") == "float units" else (
+            "this run predates bpfree.quant.twin.to_float_units: its SGD stepped the twin's "
+            "integer-unit parameters, a rate s_w^2 (1e-4 .. 1e-6) times the one asked; "
+            "rerun bench mcunet")
+        out.append(sanity_claim(
+            f"fp32-bp-trains-{d}", f"FP32 FullTrain BP of MCUNet-in1 on {d}",
+            accuracy_start=fx["start_accuracy"], accuracy_end=values["fp32-bp"],
+            loss_start=fx.get("train_loss_before"), loss_end=fx.get("train_loss_after"),
+            paper_ref="baseline sanity (issues 14, 31)", note=stale))
+        out.append(sanity_claim(
+            f"int8-sparse-bp-trains-{d}", f"INT8 sparse BP (MCUTrain) of block + head on {d}",
+            accuracy_start=values["head-init"], accuracy_end=values["int8-sparse-bp"],
+            paper_ref="baseline sanity (issue 31)",
+            note="it starts from the initialised head, whose test accuracy is the start"))
         out.append(claim(
             f"pmt-sparse-adapts-{d}", "§4.3 (transfer with sparse BP-free training)",
             f"PMT sparse (selected block + head) improves on the initialised head on {d}",
-            paper=None, ours=f"{base:.1f} -> {r['pmt-sparse']['accuracy']:.1f} %",
-            holds=r["pmt-sparse"]["accuracy"] > base))
+            paper=None, ours=f"{values['head-init']:.1f} -> {values['pmt-sparse']:.1f} % "
+                             f"(2 SE = {tol(d, 'pmt-sparse', 'head-init'):.2f})",
+            holds=order(values["pmt-sparse"], values["head-init"],
+                        tol(d, "pmt-sparse", "head-init")), note=TEST_NOISE))
+    covered = " and ".join(DATASETS)
+    sanity_fp32 = {d: next(c for c in out if c["id"] == f"fp32-bp-trains-{d}")["holds"]
+                   for d in DATASETS}
+
+    def per_dataset(a: str, b: str) -> str:
+        return "; ".join(f"{d}: {acc[d][0][a]:.2f} vs {acc[d][0][b]:.2f} (2 SE = "
+                         f"{tol(d, a, b):.2f})" for d in DATASETS)
+
+    out.append(claim(
+        "t11-clsonly-below-bpfree", "Table 11, §4.3.3 (analogue)",
+        "Training only the classifier converges below BP-free training of a backbone block + "
+        f"head (ClsOnly 83.20 < BP-free 86.16 on VWW); analogue on {covered}",
+        paper="83.20 < 86.16", ours=per_dataset("classifier-only", "pmt-sparse"),
+        holds=all_hold(order(acc[d][0]["pmt-sparse"], acc[d][0]["classifier-only"],
+                             tol(d, "pmt-sparse", "classifier-only")) for d in DATASETS),
+        note=f"{TEST_NOISE}. Our classifier-only trains the head for many epochs on cached "
+             "features while the block trains for the run's epochs: the budgets differ as "
+             "in the paper's table, which lists accuracy, not forwards"))
+    out.append(claim(
+        "t11-bpfree-near-mcutrain", "Table 11, §4.3.3 (analogue)",
+        f"BP-free training of a block + head is at most {NEAR_MCUTRAIN:g} point below "
+        "MCUTrain (INT8 sparse BP of the same block + head; paper: 0.5 lower on VWW); "
+        f"analogue on {covered}",
+        paper="86.16 vs 86.68", ours=per_dataset("pmt-sparse", "int8-sparse-bp"),
+        holds=all_hold(exceeds(acc[d][0]["pmt-sparse"] - acc[d][0]["int8-sparse-bp"],
+                               -NEAR_MCUTRAIN, tol(d, "pmt-sparse", "int8-sparse-bp"))
+                       for d in DATASETS), note=TEST_NOISE))
+    if "pmt-dense" in acc[DATASETS[0]][0]:
+        out.append(claim(
+            "t10-bpfree-beats-mcutrain", "Table 10, §4.3.2 (analogue)",
+            "BP-free training of all layers beats MCUTrain's INT8 sparse BP of one block "
+            f"(the paper: on 3 of 5 FGVC datasets); analogue on {covered}, each",
+            paper="Cars 60.1 vs 54.6, CUB 58.1 vs 57.3, Pets 81.6 vs 81.5; Flowers, Food "
+                  "lower", ours=per_dataset("pmt-dense", "int8-sparse-bp"),
+            holds=all_hold(order(acc[d][0]["pmt-dense"], acc[d][0]["int8-sparse-bp"],
+                                 tol(d, "pmt-dense", "int8-sparse-bp")) for d in DATASETS),
+            note=f"{TEST_NOISE}. MCUTrain here trains the block BP-free selection chose, not "
+                 "three middle layers found by an evolutionary search"))
+        out.append(claim(
+            "t10-bpfree-near-fullbp", "Table 10, §4.3.2 (analogue)",
+            "BP-free training of all layers is within 1.3 points of FP32 BP of all layers "
+            f"(the paper's FGVC averages: 66.1 vs 67.4); analogue on {covered}",
+            paper="66.1 vs 67.4", ours=per_dataset("pmt-dense", "fp32-bp"),
+            holds=(all_hold(exceeds(acc[d][0]["pmt-dense"] - acc[d][0]["fp32-bp"], -1.3,
+                                    tol(d, "pmt-dense", "fp32-bp")) for d in DATASETS)
+                   if all(v is True for v in sanity_fp32.values()) else None),
+            note=TEST_NOISE if all(v is True for v in sanity_fp32.values()) else
+            "not measured: the FP32 BP rows failed their sanity check (fp32-bp-trains-*), "
+            "so they are no baseline to compare with"))
     return out

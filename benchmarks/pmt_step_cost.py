@@ -42,10 +42,11 @@ def fp32_macs_per_second(n: int = 1024, repeats: int = 5) -> float:
     return n**3 / thread_seconds(lambda: a @ b, repeats, warmup=1)
 
 
-def count_step_macs(qmodel, config: PMTConfig, example, x, y, trainable) -> int:
-    """MACs of one PMT step, counted on the reference layers (every QConv2d / QLinear call)."""
+def count_step_work(qmodel, config: PMTConfig, example, x, y, trainable) -> tuple[int, int]:
+    """(MACs, int8 outputs) of one PMT step's affine layers, counted on the reference layers
+    (every QConv2d / QLinear call)."""
     model = copy.deepcopy(qmodel)
-    total = [0]
+    total = [0, 0]
 
     def hook(mod, args, out):
         if isinstance(mod, QConv2d):
@@ -53,15 +54,38 @@ def count_step_macs(qmodel, config: PMTConfig, example, x, y, trainable) -> int:
         else:
             k = mod.in_features
         total[0] += out.numel() * k
+        total[1] += out.numel()
 
     handles = [m.register_forward_hook(hook) for m in model.modules()
                if isinstance(m, (QConv2d, QLinear))]
     trainer = PMTTrainer(model, config, example=example, trainable=trainable, engine="reference")
-    total[0] = 0  # find_layers' shape probe is not part of the step
+    total[0] = total[1] = 0  # find_layers' shape probe is not part of the step
     trainer.step(x, y, lr=0.0)
     for h in handles:
         h.remove()
-    return total[0]
+    return total[0], total[1]
+
+
+def requantize_floor_seconds(repeats: int) -> float | None:
+    """Seconds per int8 output of the fast engine's fused kernel when it has almost no
+    multiply-accumulates to do (a 1x1 convolution with K = 2 inputs, 16 outputs per pixel):
+    the cost of reading, requantizing and writing one output, which every affine output of
+    a step pays whatever its K. None without the compiled kernels."""
+    from bpfree.quant import TensorQuant
+    from bpfree.quant.engine import FastStages, kernel_library
+
+    lib = kernel_library()
+    if lib is None:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    conv = QConv2d(torch.randint(-128, 128, (16, 2, 1, 1), dtype=torch.int8, generator=gen),
+                   torch.randint(-2000, 2000, (16,), generator=gen),
+                   weight_scale=[0.01] * 16, input_quant=TensorQuant(0.02, -128),
+                   output_quant=TensorQuant(0.05, -128), activation="relu6")
+    fast = FastStages([conv], lib)
+    x = torch.randint(-128, 128, (100, 14, 14, 2), dtype=torch.int8, generator=gen)
+    seconds = thread_seconds(lambda: fast.run_nhwc(0, x), repeats=max(repeats, 5), warmup=1)
+    return seconds / (100 * 14 * 14 * 16)
 
 
 def step_case(qmodel, example, x, y, *, trainable, queries: int, repeats: int) -> dict:
@@ -80,9 +104,9 @@ def step_case(qmodel, example, x, y, *, trainable, queries: int, repeats: int) -
     for _ in range(repeats):  # alternate, so drifts of the machine hit both alike
         for e, t in trainers.items():
             times[e].append(thread_seconds(lambda: t.step(x, y, lr=0.0), 1))
-    macs = count_step_macs(qmodel, config, example, x, y, trainable)
+    macs, outputs = count_step_work(qmodel, config, example, x, y, trainable)
     return {"seconds": {e: statistics.median(v) for e, v in times.items()}, "macs": macs,
-            "identical": identical, "forwards": trainers["fast"].forwards}
+            "outputs": outputs, "identical": identical, "forwards": trainers["fast"].forwards}
 
 
 def cases(quick: bool):
@@ -123,8 +147,13 @@ def rows(quick: bool, row, repeats: int) -> dict:
     row("machine", "fp32 GEMM 1024^3 (thread CPU time)", "1 thread", "GMAC/s", fp32 / 1e9)
     row("machine", "torch._int_mm int8 1024^3 (thread CPU time)", "1 thread", "GMAC/s",
         int8 / 1e9)
+    floor = requantize_floor_seconds(repeats)
+    if floor is not None:
+        row("machine", "fast engine, one requantized int8 output (1x1 conv, K=2)", "1 thread",
+            "ns per output", floor * 1e9)
     todo, skipped = cases(quick)
-    extra = {"fp32_gmacs": fp32 / 1e9, "int_mm_gmacs": int8 / 1e9, "skipped": skipped}
+    extra = {"fp32_gmacs": fp32 / 1e9, "int_mm_gmacs": int8 / 1e9, "skipped": skipped,
+             "requantize_floor_ns": None if floor is None else floor * 1e9}
     if skipped:
         print(skipped)
     for label, qmodel, example, x, y, trainable, q in todo:
@@ -132,6 +161,15 @@ def rows(quick: bool, row, repeats: int) -> dict:
         macs = r["macs"]
         row(table, "step MACs", label, "GMAC", macs / 1e9)
         row(table, "fp32 GEMM bound of the step's MACs", label, "ms", macs / fp32 * 1e3)
+        # Why the step stays above that bound: each output costs a requantization whatever
+        # its K, and these layers do only 8 to 32 MACs per output.
+        row(table, "step int8 outputs", label, "M", r["outputs"] / 1e6)
+        row(table, "step int8 outputs", label, "MACs per output", macs / r["outputs"])
+        if floor is not None:
+            row(table, "requantization floor (outputs x ns per output)", label, "ms",
+                r["outputs"] * floor * 1e3)
+            row(table, "requantization floor (outputs x ns per output)", label,
+                "floor / fp32 GEMM bound", r["outputs"] * floor * fp32 / macs)
         for e in ENGINES:
             s = r["seconds"][e]
             name = "fast engine" if e == "fast" else "reference layers"

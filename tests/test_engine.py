@@ -193,3 +193,56 @@ def test_non_contiguous_inputs_are_read_correctly():
                   input_quant=TensorQuant(0.03, 1), output_quant=TensorQuant(0.1, 0))
     xl = _int8(6, 4, gen=gen).T  # (4, 6), transposed
     assert torch.equal(_fast(lin).run(0, xl), lin(xl))
+
+
+def _fitted_mobilenet():
+    """The MNIST MobileNet after a few Adam steps on its own batch: at initialisation its
+    logits barely depend on block 1, so no query there would change the loss."""
+    gen = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)
+    x = torch.rand(64, 1, 28, 28, generator=gen)
+    y = torch.arange(64) % 10
+    model = mnist_mobilenet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(30):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return quantize_model(model.eval(), x, input_range=(0.0, 1.0)), x, y
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+@pytest.mark.parametrize("perturbation", ["wp", "np"])
+def test_queries_entering_inside_a_block_match_whole_block_queries(engine, perturbation,
+                                                                   monkeypatch):
+    """A layer's queries start at its own input inside its MobileNetV2 block (issue 30): the
+    same bits as recomputing the block from its input (the old path, entry without a module),
+    while the block's earlier layers run once per layer instead of once per query."""
+    qmodel, x, y = _fitted_mobilenet()
+    trainable = ["body.1.body.0", "body.1.body.1", "body.1.body.2"]
+    expand = qmodel.body[1].body[0]
+    real = StagedModel.entry
+    results = []
+    for whole_block in (True, False):
+        if whole_block:
+            monkeypatch.setattr(StagedModel, "entry", lambda self, k, module=None: real(self, k))
+        else:
+            monkeypatch.setattr(StagedModel, "entry", real)
+        model = copy.deepcopy(qmodel)
+        calls = [0]
+        model.body[1].body[0].register_forward_hook(  # samples through the expand layer
+            lambda mod, args, out: calls.__setitem__(0, calls[0] + args[0].shape[0]))
+        trainer = PMTTrainer(model, PMTConfig(queries=4, perturbation=perturbation, seed=3),
+                             example=x[:2], trainable=trainable, engine=engine)
+        loss = trainer.step(x[:16], y[:16], lr=3000.0 if perturbation == "wp" else 20.0)["loss"]
+        results.append((loss, {k: v.clone() for k, v in model.state_dict().items()}, calls[0]))
+    (l_old, s_old, c_old), (l_new, s_new, c_new) = results
+    assert l_old == l_new
+    assert any(not torch.equal(s_old[k], qmodel.state_dict()[k]) for k in s_old)
+    for k in s_old:
+        assert torch.equal(s_old[k], s_new[k]), k
+    if engine == "reference":  # the hook sees the reference layers' calls
+        # The expand layer ran on every query of the two later layers before (WP one query
+        # at a time, NP a chunk of queries at once); now once per layer on the batch.
+        assert c_new < c_old
+    assert expand is qmodel.body[1].body[0]

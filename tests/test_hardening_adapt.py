@@ -67,13 +67,13 @@ def test_an_output_inside_an_image_folder_is_refused(files, tmp_path, capsys):
     assert rc == 2 and "would overwrite the input --data" in capsys.readouterr().err
 
 
-def test_fifo_and_directory_inputs_are_refused_not_waited_on(files, tmp_path, capsys):
+def test_fifo_directory_and_device_inputs_are_refused_not_waited_on(files, tmp_path, capsys):
     fifo = tmp_path / "data.npz"
     os.mkfifo(fifo)
     assert main(["adapt", str(files / "model.tflite"), "--data", str(fifo), "--out",
                  str(tmp_path / "o.tflite")]) == 2
     assert "not a regular file" in capsys.readouterr().err
-    for model in (fifo, tmp_path):
+    for model in (fifo, tmp_path, "/dev/null"):  # a FIFO, a directory, a device
         assert main(["adapt", str(model), "--data", str(files / "data.npz"), "--out",
                      str(tmp_path / "o.tflite")]) == 2
         err = capsys.readouterr().err

@@ -8,8 +8,10 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,8 +19,9 @@ from bpfree.cli import main
 from bpfree.data import load_digits_split
 from bpfree.device import export_c
 from bpfree.device.export import DeviceProgram
+from bpfree.device.mcu import main_defines
 from bpfree.device.model_file import ModelFileError, load_model, save_model
-from bpfree.device.run import build_host_library, run_c
+from bpfree.device.run import HOST_CFLAGS, build_host_library, find_compiler, run_c
 from bpfree.device.validate import ProgramError
 from bpfree.models import digits_mlp
 from bpfree.pmt import PMTConfig, PMTTrainer
@@ -200,8 +203,6 @@ def test_a_fifo_as_data_or_model_is_refused_not_waited_on(tmp_path, capsys, prog
 
 
 def test_run_json_never_overwrites_the_data_or_the_program(tmp_path, capsys, program_dir, digits):
-    import numpy as np
-
     x, y = digits
     data = tmp_path / "d.npz"
     np.savez(data, x=x.numpy(), y=y.numpy())
@@ -215,3 +216,155 @@ def test_run_json_never_overwrites_the_data_or_the_program(tmp_path, capsys, pro
                  str(program_dir / "program.json")]) == 2
     assert "would overwrite the input DIR" in capsys.readouterr().err
     assert (program_dir / "program.json").read_bytes() == meta
+
+
+# --------------------------------------------------- the compiled host driver (main.c) itself
+
+def _defines(**sizes):
+    """The Makefile's DEFS (main_defines), with ``sizes`` edited as a user might."""
+    return [f"-DBPFREE_{k}={v}" for k, v in sizes.items()]
+
+
+@pytest.fixture(scope="module")
+def driver_objects(tmp_path_factory, program_dir):
+    """model.o and bpfree_runtime.o of the program, compiled once with the Makefile's flags:
+    only main.c takes the -D sizes, so each driver below compiles just main.c and links."""
+    prog = tmp_path_factory.mktemp("driver") / "prog"
+    shutil.copytree(program_dir, prog, ignore=shutil.ignore_patterns("build"))
+    for name in ("model", "bpfree_runtime"):
+        subprocess.run([find_compiler(), *HOST_CFLAGS, "-c", "-o", f"{name}.o", f"{name}.c"],
+                       cwd=prog, check=True, capture_output=True)
+    return prog
+
+
+def _link_driver(prog, out, defs):
+    subprocess.run([find_compiler(), *HOST_CFLAGS, *defs, "-o", str(out), str(prog / "main.c"),
+                    str(prog / "model.o"), str(prog / "bpfree_runtime.o"), "-lm"],
+                   cwd=prog, check=True, capture_output=True)
+    return out
+
+
+def _drive(driver, cwd, *args):
+    proc = subprocess.run([str(driver), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+    return proc.returncode, proc.stderr
+
+
+def _write_train(path, xs, ys, *, steps=1, batch=8, lr=0.1, n=None, numel=None):
+    head = np.array([len(xs) if n is None else n, xs.shape[1] if numel is None else numel,
+                     steps, batch], dtype=np.int32)
+    path.write_bytes(head.tobytes() + np.float64(lr).tobytes() + xs.tobytes()
+                     + np.asarray(ys, dtype=np.int32).tobytes())
+
+
+@pytest.fixture(scope="module")
+def driver(driver_objects):
+    """The host driver as the program's Makefile builds it (its DEFS: main_defines)."""
+    meta = json.loads((driver_objects / "program.json").read_text())
+    assert f"DEFS = {' '.join(main_defines(meta, mcu=False))}" in \
+        (driver_objects / "Makefile").read_text()
+    return _link_driver(driver_objects, driver_objects / "train",
+                        main_defines(meta, mcu=False))
+
+
+@pytest.fixture(scope="module")
+def int8_digits(digits, program_dir):
+    x, y = digits
+    program = DeviceProgram.load(program_dir)
+    xs = program.model.input_quant.quantize(x).numpy().reshape(len(x), -1)
+    return np.ascontiguousarray(xs), y.numpy().astype(np.int32)
+
+
+@needs_cc
+def test_the_host_driver_trains_bit_exactly_like_the_library(tmp_path, driver, program_dir,
+                                                             digits, int8_digits):
+    # the checks refuse nothing valid: the driver's integer loss sums and weights are run_c's
+    xs, ys = int8_digits
+    _write_train(tmp_path / "train.bin", xs, ys, steps=3, batch=8, lr=0.1)
+    rc, err = _drive(driver, tmp_path, "train", "train.bin", "losses.bin", "weights.bin")
+    assert (rc, err) == (0, "")
+    sums = np.frombuffer((tmp_path / "losses.bin").read_bytes(), dtype=np.int64).tolist()
+    x, y = digits
+    result = run_c(program_dir, x, y, steps=3, batch_size=8, lr=0.1)
+    assert sums == result.loss_sums
+    want = b"".join(m.weight.numpy().astype(np.int8).tobytes()
+                    + m.bias.numpy().astype(np.int32).tobytes()
+                    for m in (dict(result.model.named_modules())[r["name"]]
+                              for r in DeviceProgram.load(program_dir).meta["trainable"]))
+    assert (tmp_path / "weights.bin").read_bytes() == want
+
+
+@needs_cc
+@pytest.mark.parametrize("edit, match", [
+    (dict(ys_at=(3, 10)), "label 10 of sample 3 lies outside [0, 9]"),
+    (dict(ys_at=(0, -1)), "label -1 of sample 0 lies outside [0, 9]"),
+    (dict(ys_at=(63, 2**31 - 1)), "label 2147483647 of sample 63 lies outside [0, 9]"),
+    (dict(numel=16), "samples hold 16 values; the model takes 64"),
+    (dict(n=257), "holds 257 samples; this program reads 1 to 256"),
+    (dict(n=-5), "holds -5 samples; this program reads 1 to 256"),
+    (dict(batch=9), "batch must lie in [1, 8], got 9"),
+    (dict(batch=0), "batch must lie in [1, 8], got 0"),
+    (dict(steps=-1), "steps must be >= 0, got -1"),
+    (dict(lr=float("nan")), "learning rate must be finite and >= 0, got nan"),
+    (dict(lr=-0.5), "learning rate must be finite and >= 0, got -0.5"),
+    (dict(n=200), "the training file is truncated"),
+    (dict(cut=10), "shorter than its 24-byte header"),
+])
+def test_the_host_driver_refuses_an_edited_training_file(tmp_path, driver, int8_digits, edit,
+                                                         match):
+    xs, ys = int8_digits
+    ys = ys.copy()
+    if "ys_at" in edit:
+        i, label = edit.pop("ys_at")
+        ys[i] = label
+    cut = edit.pop("cut", None)
+    _write_train(tmp_path / "train.bin", xs, ys, **edit)
+    if cut is not None:
+        (tmp_path / "train.bin").write_bytes((tmp_path / "train.bin").read_bytes()[:cut])
+    rc, err = _drive(driver, tmp_path, "train", "train.bin", "losses.bin", "weights.bin")
+    assert rc == 1, f"exit {rc} (negative: killed by a signal): {err}"
+    assert match in err and err.startswith("bpfree device program: ")
+    assert not (tmp_path / "weights.bin").exists()
+
+
+@needs_cc
+def test_the_host_driver_refuses_an_edited_inference_file_and_mode(tmp_path, driver,
+                                                                   int8_digits):
+    xs, _ = int8_digits
+    for head, match in (([8, 65], "samples hold 65 values; the model takes 64"),
+                        ([0, 64], "must hold >= 1 sample, got 0"),
+                        ([100, 64], "truncated: it declares 100 samples")):
+        (tmp_path / "infer.bin").write_bytes(np.array(head, dtype=np.int32).tobytes()
+                                             + xs[:8].tobytes())
+        rc, err = _drive(driver, tmp_path, "infer", "infer.bin", "logits.bin")
+        assert rc == 1 and match in err, (rc, err)
+    rc, err = _drive(driver, tmp_path, "fit", "train.bin")
+    assert rc == 2 and "unknown mode 'fit': the first argument must be train or infer" in err
+
+
+@needs_cc
+@pytest.mark.parametrize("sizes, match", [
+    (dict(CLASSES=1000), "built with BPFREE_CLASSES=1000 but the model has 10 outputs"),
+    (dict(CLASSES=2), "built with BPFREE_CLASSES=2 but the model has 10 outputs"),
+    (dict(SAMPLE_BYTES=16), "built with BPFREE_SAMPLE_BYTES=16 but the model takes 64"),
+    (dict(SAMPLE_BYTES=4096), "built with BPFREE_SAMPLE_BYTES=4096 but the model takes 64"),
+    (dict(MAX_BATCH=4096), "built with BPFREE_MAX_BATCH=4096 but the arena holds 1 to 8"),
+    (dict(MICRO_BATCH=4), "built with BPFREE_MICRO_BATCH=4 but the model's micro-batch is 0"),
+])
+def test_a_driver_built_with_edited_sizes_refuses_to_run(tmp_path, driver_objects, int8_digits,
+                                                         sizes, match):
+    # an edited Makefile, or -D sizes taken from an edited program.json, would size main.c's
+    # buffers wrongly: the driver compares them with the model's own before reading anything
+    meta = json.loads((driver_objects / "program.json").read_text())
+    good = dict(SAMPLE_BYTES=64, CLASSES=10, MAX_SAMPLES=meta["max_samples"],
+                MAX_BATCH=meta["max_batch"], MICRO_BATCH=0)
+    assert _defines(**good) == main_defines(meta, mcu=False)
+    driver = _link_driver(driver_objects, tmp_path / "train", _defines(**{**good, **sizes}))
+    xs, ys = int8_digits
+    _write_train(tmp_path / "train.bin", xs, ys)
+    for args in (["train", "train.bin", "losses.bin", "weights.bin"],
+                 ["infer", "train.bin", "logits.bin"]):
+        rc, err = _drive(driver, tmp_path, *args)
+        assert rc == 1, f"exit {rc} (negative: killed by a signal): {err}"
+        assert match in err
+    assert not (tmp_path / "losses.bin").exists() and not (tmp_path / "logits.bin").exists()

@@ -4,6 +4,7 @@ and negative schedules."""
 
 from __future__ import annotations
 
+import ast
 import json
 import multiprocessing as mp
 import os
@@ -11,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +22,10 @@ from bpfree import io
 from bpfree.baselines.bp import BPTrainer
 from bpfree.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from bpfree.distributed import LedgerError, SeedLedger
-from bpfree.distributed.launch import _wait
+from bpfree.distributed.fleet import FleetOptions, build_setup, weights_digest
+from bpfree.distributed.launch import _wait, load_setup
+from bpfree.restricted_load import UnsafeFileError
+from test_hardening_device import _Payload
 from bpfree.harness import fit
 
 # ------------------------------------------------------------------------------- fleet
@@ -45,6 +50,47 @@ def test_a_stopped_worker_is_killed_after_the_timeout_not_waited_on():
     assert not stopped.is_alive()
     assert stopped.exitcode == -signal.SIGKILL
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("method", ["pmt", "zo"])
+def test_the_fleet_setup_round_trips_through_the_restricted_loader(tmp_path, method):
+    setup = build_setup(FleetOptions(method=method))
+    torch.save(setup, tmp_path / "setup.pt")
+    back = load_setup(tmp_path / "setup.pt")
+    assert set(back) == set(setup)
+    for key in ("model", "float_model"):
+        assert weights_digest(back[key]) == weights_digest(setup[key])
+    assert all(torch.equal(back[k], setup[k]) for k in ("x", "y", "x_test", "y_test"))
+    with torch.no_grad():
+        assert torch.equal(back["model"](setup["x"][:8]), setup["model"](setup["x"][:8]))
+
+
+def test_a_crafted_fleet_setup_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"model": _Payload(marker), "x": torch.zeros(1)}, tmp_path / "setup.pt")
+    with pytest.raises(UnsafeFileError, match="fleet setup: .*setup.pt is not a safe fleet"):
+        load_setup(tmp_path / "setup.pt")
+    assert not marker.exists()
+    torch.save({"x": torch.zeros(1)}, tmp_path / "partial.pt")
+    with pytest.raises(UnsafeFileError, match="must hold a dict with the keys"):
+        load_setup(tmp_path / "partial.pt")
+
+
+def test_no_torch_load_in_src_can_unpickle():
+    """Every ``torch.load`` under src/ passes ``weights_only=True`` literally (issue 34: no
+    user file is ever unpickled; a private path today is a user's path tomorrow)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    calls = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "load" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "torch"):
+                safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
+                           and k.value.value is True for k in node.keywords)
+                calls.append((f"{path.relative_to(src)}:{node.lineno}", safe))
+    assert calls, "found no torch.load at all: the scan is looking in the wrong place"
+    assert [c for c, safe in calls if not safe] == []
 
 
 # ------------------------------------------------------------------------------- ledger
@@ -172,6 +218,29 @@ def test_checkpoint_fifo_and_deep_nesting_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="nested too deeply"):
         save_checkpoint(tmp_path / "deep.safetensors", extra={"deep": deep})
     assert not (tmp_path / "deep.safetensors").exists()
+
+
+def test_a_checkpoint_with_deeply_nested_metadata_is_a_clear_error_on_load(tmp_path):
+    """The issue's RecursionError on load: metadata nested 100,000 deep, with a digest that
+    matches (an editor's file, not a bit flip), is a CheckpointError naming the file."""
+    from bpfree.checkpoint.format import _K_DIGEST, _K_SKELETON, _digest
+
+    path = tmp_path / "ck.safetensors"
+    save_checkpoint(path, model_state={"w": torch.zeros(2)}, extra={"step": 1})
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    meta = header["__metadata__"]
+    skeleton = json.loads(meta[_K_SKELETON])
+    skeleton["extra"] = "@@DEEP@@"
+    meta[_K_SKELETON] = json.dumps(skeleton).replace('"@@DEEP@@"', "[" * 100_000 + "]" * 100_000)
+    meta[_K_DIGEST] = _digest(meta)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + size:])
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupt: .*nested too deeply"
+                                              f"|checkpoint {path} is corrupt: unreadable"):
+        load_checkpoint(path)
 
 
 # ------------------------------------------------------------------------------- labels

@@ -169,3 +169,33 @@ def test_selection_holdout_is_unseen_by_the_head(monkeypatch):
     used = captured["model"].body[-1]
     assert torch.equal(used.weight, head_fit.weight) and torch.equal(used.bias, head_fit.bias)
     assert not torch.equal(used.weight, head_all.weight)
+
+
+def test_fp32_bp_steps_the_float_weights_of_the_transfer_model(base):
+    """Issue 31: FP32 BP of the transfer trained integer-unit twin weights, so one SGD step
+    moved the float weights by lr * s_w^2 * g and the loss did not move. On float_graph's
+    float-unit parameters a step at the full run's rate lowers the batch's loss."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from _mcunet_transfer import float_graph
+    from bpfree.baselines import FullTrainFP32
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-128, 128, (4, 3, 128, 128), generator=g, dtype=torch.int32)
+    x = x.to(torch.int8)
+    y = torch.tensor([0, 1, 2, 3])
+    head, _ = init_head(base.stage_quants[-2], backbone_features(base, x), y, 10)
+    model = with_head(base, head)
+    xf = model.input_quant.dequantize(x)
+    target = y.roll(1)  # the head fits (x, y): shifted labels leave something to learn
+    twin = float_graph(copy.deepcopy(model))
+    # float units: every scale folded into the parameters
+    assert float(twin.body[-1].weight_scale.max()) == 1.0
+    with torch.no_grad():
+        before = float(F.cross_entropy(twin(xf), target))
+    FullTrainFP32(twin).step(xf, target, 1e-4)
+    with torch.no_grad():
+        after = float(F.cross_entropy(twin(xf), target))
+    assert after < before - 1e-3 * before, (before, after)

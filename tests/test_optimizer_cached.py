@@ -52,6 +52,42 @@ def test_cached_training_is_bit_identical_to_lean(estimator, dist):
     assert not all(torch.equal(a, b) for a, b in zip(lean[0], bits(mlp().parameters())))
 
 
+def train_chunked(estimator, dist, chunk_size, steps=3):
+    model = mlp()
+    x, y = batch()
+    opt = ZOOptimizer(model.parameters(), lr=0.05, estimator=estimator, distribution=dist,
+                      mode="batched", chunk_size=chunk_size, seed=11)
+    losses = [opt.step(Objective(model, x, y)) for _ in range(steps)]
+    return bits(model.parameters()), losses, opt.batch_forwards
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 64])
+@pytest.mark.parametrize("estimator", [rge(5, 1e-3), spsa(3, 1e-2), sign_spsa(3, 1e-2)],
+                         ids=["rge", "spsa", "sign_spsa"])
+def test_batched_weight_perturbation_is_bit_identical_to_lean(estimator, chunk_size):
+    """Batched weight perturbation (retired vmap, issue 30) draws chunk_size directions at a
+    time; a chunk may split SPSA's +/- pair of one direction, which is then drawn twice."""
+    lean = train("lean", estimator, "gaussian")
+    batched = train_chunked(estimator, "gaussian", chunk_size)
+    assert lean[1] == batched[1] and lean[2] == batched[2]
+    assert all(torch.equal(a, b) for a, b in zip(lean[0], batched[0]))
+
+
+def test_batched_weight_perturbation_draws_at_most_a_chunk_at_once(monkeypatch):
+    """Memory stays chunk_size * d: no more than chunk_size directions are drawn together."""
+    import bpfree.estimators.weight as weight
+    sizes = []
+    real = weight._draw_cached
+
+    def spy(ctx, seeds):
+        sizes.append(len(seeds))
+        return real(ctx, seeds)
+
+    monkeypatch.setattr(weight, "_draw_cached", spy)
+    train_chunked(rge(7, 1e-3), "gaussian", chunk_size=3, steps=1)
+    assert sizes == [3, 3, 1]
+
+
 def test_cached_materialized_update_is_bit_identical_to_lean():
     """With a tensor transform the estimate is materialized from the drawn directions."""
     clip = [T.clip_by_value(1e30)]

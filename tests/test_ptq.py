@@ -26,6 +26,7 @@ from bpfree.quant import (
     quantize_weights,
     stage_output_quant,
     tensor_quant_from_range,
+    to_float_units,
     trainable_layers,
     write_back,
 )
@@ -351,6 +352,38 @@ def test_twin_gradient_is_per_integer_unit(qmodel):
             layer.weight[idx] += h
         fd = (up - down) / (2 * h)
         assert abs(fd - layer.weight.grad[idx].item()) <= 1e-6 + 1e-4 * abs(fd)
+
+
+def test_to_float_units_keeps_the_forward_and_steps_float_weights(qmodel):
+    """After to_float_units the Parameters are the float weights: the same logits, and one SGD
+    step moves each effective weight by lr * dL/dw (on integer units it moved by
+    lr * s_w^2 * dL/dw: the FP32 baseline that barely trained)."""
+    x, y = images(16, 15), torch.arange(16) % 10
+    ref = float_twin(qmodel, fake_quant=False)
+    twin = to_float_units(float_twin(qmodel, fake_quant=False))
+    with torch.no_grad():
+        assert torch.allclose(twin(x), ref(x), rtol=1e-5, atol=1e-6)
+    for model in (ref, twin):
+        F.cross_entropy(model(x), y).backward()
+    r, t = dict(ref.named_modules())["body.8"], dict(twin.named_modules())["body.8"]
+    scale = r.weight_scale.view(-1, 1)
+    assert torch.equal(t.weight_scale, torch.ones_like(t.weight_scale))
+    # dL/dw (float units) = dL/dW / s_w
+    assert torch.allclose(t.weight.grad, r.weight.grad / scale, rtol=1e-4, atol=1e-7)
+    lr = 1e-2
+    before = t.effective_weight().detach().clone()
+    with torch.no_grad():
+        t.weight -= lr * t.weight.grad
+    assert torch.allclose(t.effective_weight() - before, -lr * t.weight.grad, atol=1e-7)
+    ref_step = (lr * r.weight.grad * scale).abs().max()  # the integer-unit step, float units
+    assert ref_step < 1e-2 * (lr * t.weight.grad).abs().max()
+
+
+def test_to_float_units_refuses_fake_quant_twins(qmodel):
+    with pytest.raises(ValueError, match="plain float twin"):
+        to_float_units(float_twin(qmodel, fake_quant=True))
+    with pytest.raises(ValueError, match="needs a FloatTwin"):
+        to_float_units(nn.Linear(2, 2))
 
 
 def test_write_back_roundtrip_exact(qmodel):

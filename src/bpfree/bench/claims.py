@@ -205,6 +205,17 @@ def se_from_std(std: float | None, n: int) -> float:
     return float(std) / math.sqrt(n)
 
 
+def binomial_se(accuracy_percent: float, n: int) -> float:
+    """Standard error (points) of an accuracy (%) measured on ``n`` independent test samples:
+    the test set's sampling noise, sqrt(p (1 - p) / n). A run with one seed measures no seed
+    spread; this is the noise it does carry (two methods scored on the same images share part
+    of it, so treating them as independent errs towards "not decided")."""
+    if n < 1:
+        raise ValueError(f"binomial_se needs n >= 1 test samples, got {n}")
+    p = min(max(float(accuracy_percent) / 100.0, 0.0), 1.0)
+    return 100.0 * math.sqrt(p * (1.0 - p) / n)
+
+
 def tolerance(*standard_errors: float, k: float = 2.0) -> float:
     """``k`` standard errors of a sum or difference of independent means:
     k * sqrt(se_1^2 + se_2^2 + ...)."""

@@ -202,6 +202,10 @@ int32_t bpfree_num_trainable(void) {{ return {len(trainable)}; }}
 int8_t *bpfree_weight(int32_t t) {{ return affine[ops[trainable[t].op].param].w; }}
 int32_t *bpfree_bias(int32_t t) {{ return affine[ops[trainable[t].op].param].b; }}
 int64_t bpfree_arena_bytes(void) {{ return (int64_t)sizeof(arena); }}
+int32_t bpfree_classes(void) {{ return {graph.tensors[-1].numel}; }}
+int32_t bpfree_sample_bytes(void) {{ return {graph.tensors[0].numel}; }}
+int32_t bpfree_max_batch(void) {{ return {max_batch}; }}
+int32_t bpfree_micro_batch(void) {{ return {micro_batch}; }}
 int32_t bpfree_weight_bytes(int32_t t) {{ return trainable[t].d_w; }}
 int32_t bpfree_bias_count(int32_t t) {{ return affine[ops[trainable[t].op].param].cout; }}
 """)
@@ -221,6 +225,11 @@ int32_t bpfree_num_trainable(void);
 int8_t *bpfree_weight(int32_t t);
 int32_t *bpfree_bias(int32_t t);
 int64_t bpfree_arena_bytes(void);
+/* The model's own sizes, which a driver built with -D sizes checks its buffers against. */
+int32_t bpfree_classes(void);       /* int8 logits per sample */
+int32_t bpfree_sample_bytes(void);  /* int8 values per sample */
+int32_t bpfree_max_batch(void);     /* samples the arena's input slot holds */
+int32_t bpfree_micro_batch(void);   /* 0: whole batches; else the micro-batch size */
 int32_t bpfree_weight_bytes(int32_t t);
 int32_t bpfree_bias_count(int32_t t);
 #endif

@@ -2,10 +2,9 @@
 
 A :class:`~bpfree.quant.ptq.QuantizedModel` holds frozen quantization objects (scales, zero
 points, fixed-point multipliers) that its ``state_dict`` does not carry, so it is saved whole
-with ``torch.save``. It is read back with ``torch.load(weights_only=True)``: PyTorch's
-restricted unpickler, which builds tensors and only the classes named in
-:data:`SAFE_CLASSES` (bpfree's integer layers and their parameter records, by ``__new__`` and
-``__dict__`` update, never calling a constructor or any other function). A file that names
+with ``torch.save``. It is read back by :func:`bpfree.restricted_load.load_restricted`
+(``torch.load(weights_only=True)``), which builds tensors and only the classes named in
+:data:`SAFE_CLASSES` (bpfree's integer layers and their parameter records). A file that names
 anything else (``os.system``, ``builtins.eval``, a class of another library) is refused
 before a byte of it is acted on: a ``model.pt`` that a user downloads or edits cannot run
 code (issue 34).
@@ -18,12 +17,12 @@ import os
 import torch
 from torch import nn
 
-from ..io import check_input_file
 from ..models.mcunet.float_rule import FloatRuleConv2d, FloatRuleLinear
 from ..quant.layers import QAdd, QAvgPool2d, QConv2d, QFlatten, QGlobalAvgPool2d, QLinear, QReLU
 from ..quant.params import (ActivationRange, AddRequantization, Requantization, TensorQuant,
                             WeightQuant)
 from ..quant.stages import QInvertedResidual, QMaxPool2d, QuantizedModel
+from ..restricted_load import UnsafeFileError, load_restricted
 from ..tflite.softmax import QSoftmax
 from ..tflite.stages import QPad
 
@@ -34,7 +33,7 @@ SAFE_CLASSES = (QuantizedModel, QInvertedResidual, QMaxPool2d, QLinear, QConv2d,
                 AddRequantization, nn.Sequential, nn.ModuleList, nn.Identity)
 
 
-class ModelFileError(ValueError):
+class ModelFileError(UnsafeFileError):
     """A model file is not a regular file, not a saved integer model, or names a class or
     function outside :data:`SAFE_CLASSES` (it is refused, never executed)."""
 
@@ -52,17 +51,9 @@ def load_model(path: str | os.PathLike, what: str = "model") -> QuantizedModel:
     one holding something other than a QuantizedModel.
     """
     try:
-        path = check_input_file(path, what)
-    except ValueError as err:
+        model = load_restricted(path, SAFE_CLASSES, what, "bpfree integer model")
+    except UnsafeFileError as err:
         raise ModelFileError(str(err)) from None
-    try:
-        with torch.serialization.safe_globals(list(SAFE_CLASSES)):
-            model = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # noqa: BLE001 - every unreadable or unsafe file is refused alike
-        reason = " ".join(str(err).split())[:400]
-        raise ModelFileError(f"{what}: {path} is not a safe bpfree integer model (only "
-                             f"bpfree's integer layers are loaded, nothing is executed): "
-                             f"{type(err).__name__}: {reason}") from None
     if not isinstance(model, QuantizedModel):
         raise ModelFileError(f"{what}: {path} holds a {type(model).__name__}, not a bpfree "
                              "QuantizedModel")

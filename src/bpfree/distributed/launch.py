@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import time
 import traceback
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import torch
+from torch import nn
 
+from ..device.model_file import SAFE_CLASSES
+from ..restricted_load import UnsafeFileError, load_restricted
 from .comm import DEFAULT_TIMEOUT_S, free_port, init_group
 from .fleet import FleetOptions, train
+
+#: What the shared setup may contain: the INT8 model's classes and the float digits MLP's.
+SETUP_CLASSES = (*SAFE_CLASSES, nn.Linear, nn.ReLU)
+#: The keys :func:`~.fleet.train` reads.
+SETUP_KEYS = frozenset({"model", "x", "y", "x_test", "y_test"})
 
 
 class FleetError(RuntimeError):
@@ -31,6 +40,18 @@ class FleetError(RuntimeError):
 
 def _result_path(folder: str, rank: int) -> Path:
     return Path(folder) / f"rank{rank}.json"
+
+
+def load_setup(path: str | os.PathLike) -> dict:
+    """The fleet's shared setup saved at ``path`` (:func:`~.fleet.build_setup`'s dict), read
+    with the restricted unpickler: the file sits in a private temporary folder, but a worker
+    still never runs code from a file (issue 34); anything else is an ``UnsafeFileError``."""
+    setup = load_restricted(path, SETUP_CLASSES, "fleet setup", "fleet setup")
+    if not isinstance(setup, dict) or not SETUP_KEYS <= set(setup):
+        got = sorted(map(repr, setup)) if isinstance(setup, dict) else type(setup).__name__
+        raise UnsafeFileError(f"fleet setup: {path} must hold a dict with the keys "
+                              f"{sorted(SETUP_KEYS)}, got {got}")
+    return setup
 
 
 def _worker(rank: int, world: int, port: int, folder: str, options: dict,
@@ -42,7 +63,7 @@ def _worker(rank: int, world: int, port: int, folder: str, options: dict,
     try:
         # Load before joining: the rendezvous shares the collectives' timeout, so the slow
         # part of start-up must not sit between one worker's join and the other's.
-        setup = torch.load(Path(folder) / "setup.pt", weights_only=False)
+        setup = load_setup(Path(folder) / "setup.pt")
         comm = init_group(rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
                           timeout_s=timeout_s, backend="gloo")
         result = train(setup, FleetOptions(**options), comm)

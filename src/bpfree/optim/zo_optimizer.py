@@ -41,8 +41,12 @@ Execution modes give the same estimate for the same seeds:
   bit-identical to lean mode's; extra memory is ``(Q + 1)·d`` values instead of O(Q)
   scalars, and a step draws each direction once instead of three times (perturb, restore,
   update).
-* ``batched``: evaluate many perturbed parameter sets in one vectorized forward
-  (``vmap`` + ``functional_call``, or stacked perturbed activations for node perturbation).
+* ``batched``: coordinate-wise estimators (CGE; TT-ZO's layer-wise CGE) evaluate many
+  perturbed parameter sets in one vectorized forward (``vmap`` + ``functional_call``).
+  Weight perturbation runs cached mode's arithmetic with ``chunk_size`` directions drawn at a
+  time (memory ``chunk_size·d``), and node perturbation runs as lean: their vectorized forms
+  were slower than cached / lean in every ``bench throughput`` row (issue 30) and were
+  retired. All three give lean mode's bits.
 
 Directions are never stored: direction ``q`` of step ``t`` for tensor ``i`` is drawn from
 seed ``derive_seed(seed, t, q, i)``, so a checkpoint needs only the step counter.
@@ -133,7 +137,8 @@ class ZOOptimizer(torch.optim.Optimizer):
         schedule: callable ``step -> multiplier`` of ``lr`` (``bpfree.transforms.cosine``...).
         mode: ``"lean"``, ``"cached"`` or ``"batched"``.
         seed: run seed from which every direction is derived.
-        chunk_size: most parameter sets stacked in one batched forward (memory bound).
+        chunk_size: most parameter sets in one batched forward, or directions drawn at once by
+            batched weight perturbation (memory bound).
     """
 
     def __init__(self, params, lr: float = 1e-3, *, estimator="rge", distribution="rademacher",

@@ -146,7 +146,8 @@ def estimate_group(staged: StagedModel, group: list[tuple[TrainableLayer, str]],
                                      device=device) for layer in np_layers}
     originals = {layer.name: layer.module.weight.clone() for layer, mode in group if mode == "wp"}
     chunk = _query_chunk(n, group, chunk_elements)
-    x0 = staged.inputs[start]
+    # A lone layer's queries start at that layer's input inside its stage (computed once).
+    entry = staged.entry(start, group[0][0].module if len(group) == 1 else None)
     try:
         for q0 in range(0, queries, chunk):
             qs = range(q0, min(q0 + chunk, queries))
@@ -161,8 +162,7 @@ def estimate_group(staged: StagedModel, group: list[tuple[TrainableLayer, str]],
                                       for q in qs])
                     layer.module.node_offset = xi.reshape(-1, *layer.output_shape)
                 xis[layer.name] = xi
-            h = x0 if len(qs) == 1 else x0.repeat(len(qs), *[1] * (x0.dim() - 1))
-            logits = staged.from_stage(start, h)
+            logits = staged.from_entry(entry, copies=len(qs))
             loss = per_sample_loss(logits, target.repeat(len(qs)), staged.model.output_quant)
             diff = loss.view(len(qs), n) - clean_loss.view(1, n)
             for layer, mode in group:

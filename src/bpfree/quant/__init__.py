@@ -58,6 +58,7 @@ from .twin import (
     TwinConv2d,
     TwinLinear,
     float_twin,
+    to_float_units,
     trainable_layers,
     write_back,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "TwinConv2d",
     "TwinLinear",
     "float_twin",
+    "to_float_units",
     "calibrate_ranges",
     "fold_batchnorm",
     "quantize_model",

@@ -25,9 +25,10 @@ from torch import nn
 
 from .engine import ENGINES, fast_stages, to_nchw, to_nhwc
 from .layers import QConv2d, QLinear, _check_int8_input
+from .stages import QInvertedResidual
 
-__all__ = ["AFFINE_TYPES", "StagedModel", "TrainableLayer", "find_layers", "per_sample_loss",
-           "select_layers"]
+__all__ = ["AFFINE_TYPES", "StageEntry", "StagedModel", "TrainableLayer", "find_layers",
+           "per_sample_loss", "select_layers"]
 
 AFFINE_TYPES = (QConv2d, QLinear)
 
@@ -122,6 +123,18 @@ def per_sample_loss(logits_q: torch.Tensor, target: torch.Tensor, output_quant) 
     """
     logits = (logits_q.to(torch.float64) - output_quant.zero_point) * output_quant.scale
     return F.cross_entropy(logits, target, reduction="none")
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    """A partial forward's starting point (:meth:`StagedModel.entry`): stage ``stage``, op
+    ``index`` of its chain, that op's input ``inner`` and the stage's input ``stage_input``
+    (for its residual add), both in the engine's layout."""
+
+    stage: int
+    index: int
+    inner: torch.Tensor
+    stage_input: torch.Tensor
 
 
 class StagedModel:
@@ -222,6 +235,60 @@ class StagedModel:
         if h is None:
             h = self.inputs[k]
         return self._run(k, h)
+
+    def _chain(self, k: int) -> nn.Sequential | None:
+        """Stage ``k``'s chain of modules when the stage can be entered inside it: a MobileNetV2
+        block's body (then its residual add) or a plain Sequential; None otherwise."""
+        stage = self.stages[k]
+        if self.fast is not None and self.fast.block(k) is None:
+            return None
+        if type(stage) is QInvertedResidual:
+            return stage.body
+        return stage if type(stage) is nn.Sequential else None
+
+    def entry(self, k: int, module: nn.Module | None = None) -> StageEntry:
+        """Where a perturbed forward of ``module`` (a layer of stage ``k``) starts: the input of
+        ``module`` inside its stage, computed once from the cached stage input.
+
+        Perturbing a layer changes nothing before it, so Q queries need not recompute the
+        layers of its stage that precede it (Algorithm 1 holds the activation buffer a^(i) of
+        the layer, not only of its block). Without ``module``, or where the stage cannot be
+        entered inside, the entry is the stage input itself.
+        """
+        chain = self._chain(k) if module is not None else None
+        i = next((j for j, m in enumerate(chain) if m is module), 0) if chain is not None else 0
+        x = self.inputs[k]
+        with torch.no_grad():
+            if self.fast is None:
+                inner = x
+                for m in chain[:i] if i else ():
+                    inner = m(inner)
+                return StageEntry(k, i, inner, x)
+            _check_int8_input(x)
+            x = self._channels_last(x)
+            return StageEntry(k, i, self.fast.block(k).prefix(i, x) if i else x, x)
+
+    @torch.no_grad()
+    def from_entry(self, entry: StageEntry, copies: int = 1) -> torch.Tensor:
+        """int8 logits of the forward from ``entry`` on, the batch repeated ``copies`` times
+        (one copy per query of a batched node perturbation)."""
+        k, i, inner, x = entry.stage, entry.index, entry.inner, entry.stage_input
+        if copies > 1:
+            inner = inner.repeat(copies, *[1] * (inner.dim() - 1))
+            x = x.repeat(copies, *[1] * (x.dim() - 1)) if i else inner
+        if i == 0:
+            return self._run(k, inner) if self.fast is None else to_nchw(
+                self.fast.run_nhwc(k, inner))
+        if self.fast is None:
+            h = inner
+            for m in self._chain(k)[i:]:
+                h = m(h)
+            stage = self.stages[k]
+            if type(stage) is QInvertedResidual and stage.add is not None:
+                h = stage.add(x, h)
+            return self._run(k + 1, h)
+        h = self.fast.block(k).from_inner(i, inner, x)
+        return to_nchw(self.fast.run_nhwc(k + 1, h))
 
     @torch.no_grad()
     def refresh_from(self, k: int) -> torch.Tensor:

@@ -21,6 +21,8 @@ integer model's parameter units. :func:`float_twin` builds that graph from a
   with the same (dequantized) weights.
 
 :func:`write_back` copies trained twin parameters back into the integer model.
+:func:`to_float_units` re-expresses a plain float twin's Parameters in float units, for FP32
+training: SGD on integer-unit Parameters steps the effective weight by ``lr * s_w^2 * g``.
 """
 
 from __future__ import annotations
@@ -312,3 +314,35 @@ def trainable_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """
     kinds = (QConv2d, QLinear, TwinConv2d, TwinLinear)
     return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
+
+
+@torch.no_grad()
+def to_float_units(twin: FloatTwin) -> FloatTwin:
+    """Fold every affine layer's scales into its Parameters, in place: ``weight <- W * s_w``,
+    ``bias <- B * s_in * s_w``, both scales set to 1. The forward is unchanged; the gradient
+    becomes ``dL/dw`` per float unit.
+
+    FP32 BP (PMT Table 7's FullTrain FP32) is plain SGD on the float weights. On a twin's
+    integer-unit Parameters the same step ``W <- W - lr * dL/dW`` moves the float weight by
+    ``lr * s_w^2 * dL/dw`` (and the bias by ``lr * (s_in s_w)^2 * dL/db``): with MCUNet-in1's
+    weight scales of about 1e-2 .. 1e-3 that is a rate 1e4 .. 1e6 times smaller than asked, and
+    a float baseline that barely trains. Only a plain float twin (``fake_quant=False``) can be
+    converted: a fake-quantized one rounds ``W`` to integers, which needs integer units; the
+    converted twin no longer fits :func:`write_back`.
+    """
+    if not isinstance(twin, FloatTwin):
+        raise ValueError(f"to_float_units needs a FloatTwin (float_twin(...)), got "
+                         f"{type(twin).__name__}")
+    if any(getattr(m, "fake_quant", False) for m in twin.modules()):
+        raise ValueError("to_float_units needs a plain float twin (fake_quant=False): a "
+                         "fake-quantized twin rounds its weights to integers, in integer units")
+    for module in twin.modules():
+        if not isinstance(module, _TwinAffine):
+            continue
+        shape = (-1, *([1] * (module.weight.dim() - 1)))
+        module.weight.mul_(module.weight_scale.view(shape).to(module.weight.dtype))
+        module.bias.mul_(module.bias_scale.to(module.bias.dtype))
+        module.weight_scale.fill_(1.0)
+        module.bias_scale.fill_(1.0)
+    return twin
+
