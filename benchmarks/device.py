@@ -277,7 +277,9 @@ def measure_host(spec: Program, model, example, work: Path, x, y, steps: int,
     for _ in range(repeats):
         result = run_c(program, x, y, steps=steps, batch_size=spec.batch, lr=_lr(spec))
         c_times.append(result.wall_s / steps)
-        sim = copy.deepcopy(trainer)
+        # a fresh simulator each repeat: a trainer that ran holds the fast engine's compiled
+        # ops (ctypes structures), which deepcopy cannot copy
+        sim = _trainer(spec, model, example, spec.host_q)
         sums, seconds = _timed_simulation(sim, x, y, steps, spec.batch, _lr(spec))
         sim_times.append(seconds / steps)
         exact = exact and sums == result.loss_sums and _same(sim.model, result.model)

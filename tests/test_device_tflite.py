@@ -2,15 +2,18 @@
 becomes a C training engine, bit-exact with PMT on the loaded model, and `device run
 --out-tflite` writes the trained weights into a copy of the file that LiteRT runs.
 
-The fixture is ``converter_style_file`` (tests/test_tflite.py): QUANTIZE / DEQUANTIZE edges, a
-standalone PAD and SAME padding as a PAD stage, a depth multiplier of 2, a residual ADD,
-average and max pooling, and LiteRT's float-scale FULLY_CONNECTED.
+The fixtures: ``tests/data/converter_cnn.tflite``, made by TensorFlow's converter (SAME padding
+as a PAD stage, a stride-2 convolution, an inverted residual with ADD, MEAN, a dense head),
+and ``converter_style_file`` (tests/test_tflite.py): QUANTIZE / DEQUANTIZE edges, a
+standalone PAD, a depth multiplier of 2, a residual ADD, average and max pooling, and
+LiteRT's float-scale FULLY_CONNECTED.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +25,8 @@ from bpfree.device import cyclic_batches, export_c, infer_c, run_c
 from bpfree.device.mcu import missing_tools
 from bpfree.device.tflite_model import SOURCE_FILE, training_model, written_back
 from bpfree.pmt import PMTConfig, PMTTrainer
-from bpfree.tflite.oracle import litert_available, run_litert
+from bpfree.tflite.adapt import check_classifier
+from bpfree.tflite.oracle import litert_available
 from test_tflite import converter_style_file
 
 HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
@@ -31,10 +35,13 @@ MISSING_M7 = missing_tools()
 STEPS, BATCH, QUERIES, SEED, LR = 8, 8, 2, 1, 0.5
 
 
-def _data(n: int = 32):
+CONVERTER_CNN = Path(__file__).parent / "data" / "converter_cnn.tflite"
+
+
+def _data(n: int = 32, shape=(3, 8, 8), classes: int = 5):
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(-128, 128, (n, 3, 8, 8), generator=g, dtype=torch.int8)
-    return x, torch.randint(0, 5, (n,), generator=g)
+    x = torch.randint(-128, 128, (n, *shape), generator=g, dtype=torch.int8)
+    return x, torch.randint(0, classes, (n,), generator=g)
 
 
 def _simulated(data: bytes, x, y, trainable=None):
@@ -49,10 +56,14 @@ def _simulated(data: bytes, x, y, trainable=None):
 
 
 @needs_cc
-def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs(tmp_path):
-    data = converter_style_file(0, signed=True)
+@pytest.mark.parametrize("fixture", ["converter_cnn", "converter_style"])
+def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs(tmp_path,
+                                                                                  fixture):
+    data = (CONVERTER_CNN.read_bytes() if fixture == "converter_cnn"
+            else converter_style_file(0, signed=True))
     (tmp_path / "model.tflite").write_bytes(data)
-    x, y = _data()
+    loaded = bt.from_bytes(data)
+    x, y = _data(shape=loaded.input_shape, classes=check_classifier(loaded))
     np.savez(tmp_path / "data.npz", x=x.numpy(), y=y.numpy())
     prog, out = tmp_path / "prog", tmp_path / "trained.tflite"
     assert main(["device", "export", "--model", str(tmp_path / "model.tflite"), "--out",
@@ -69,15 +80,21 @@ def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs
     for key, value in trained.state_dict().items():
         assert torch.equal(ours[key], value), f"{key} differs from the simulator's"
     assert any(not torch.equal(ours[k], theirs[k]) for k in theirs), "training changed nothing"
-    # Only weight and bias bytes differ from the source file.
-    assert len(out.read_bytes()) == len(data)
-    if litert_available():  # the file takes floats (QUANTIZE edge) and gives floats
-        xf = adapted.input_quant.dequantize(x[:16])
-        assert torch.equal(adapted.quantize_input(xf), x[:16])
-        with torch.no_grad():
-            want = adapted(xf).numpy()
-        np.testing.assert_array_equal(run_litert(out.read_bytes(), xf).reshape(want.shape),
-                                      want)
+    if fixture == "converter_style":  # patched in place: only weight and bias bytes differ
+        assert len(out.read_bytes()) == len(data)
+    if litert_available():
+        from bpfree.tflite.oracle import LiteRT
+
+        litert = LiteRT(out.read_bytes())
+        if litert.interpreter.get_input_details()[0]["dtype"] == np.int8:  # a rebuilt graph
+            want, got = adapted.forward_int(x[:16]).numpy(), litert(x[:16])
+        else:  # the patched file: floats in (QUANTIZE edge) and out
+            xf = adapted.input_quant.dequantize(x[:16])
+            assert torch.equal(adapted.quantize_input(xf), x[:16])
+            with torch.no_grad():
+                want = adapted(xf).numpy()
+            got = litert(xf)
+        np.testing.assert_array_equal(got.reshape(want.shape), want)
 
 
 @needs_cc

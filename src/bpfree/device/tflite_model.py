@@ -6,9 +6,9 @@ classifier, and trains the logits before a trailing SOFTMAX, as ``bpfree adapt``
 output head: :func:`bpfree.tflite.adapt.check_classifier`; SOFTMAX is inference only). The
 program keeps a byte copy of the file (:data:`SOURCE_FILE`), so ``bpfree device run ...
 --out-tflite OUT`` can write the C-trained weights and biases into a copy of it with
-:func:`bpfree.tflite.patch.patched_bytes`, which changes nothing else (operators, signature,
-tensor names, metadata) and checks that the patched file computes what the trained model
-computes.
+:func:`bpfree.tflite.file_bytes`, as ``bpfree adapt`` does: patched in place, nothing else
+changed (operators, signature, tensor names, metadata), and checked to compute what the trained
+model computes; a new graph where the file cannot hold the trained values.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from torch import nn
 from ..io import atomic_write_bytes, check_input_file
 from ..quant.stages import QuantizedModel
 from ..tflite.adapt import check_classifier
-from ..tflite.patch import patched_bytes
 from ..tflite.reader import from_bytes
+from ..tflite.writer import file_bytes
 from ..tflite.softmax import QSoftmax
 
 #: The copy of the exported .tflite inside a program directory.
@@ -65,8 +65,10 @@ def load_tflite_for_device(path) -> tuple[QuantizedModel, torch.Tensor, bytes]:
 def written_back(source: bytes, trained: nn.Module) -> bytes:
     """``source`` (the exported .tflite) with the weights and biases of ``trained`` (the
     program's C-trained model, whose stages are the file's, a trailing SOFTMAX aside) written
-    in; every other byte unchanged. Raises :class:`~bpfree.tflite.patch.PatchError` when the
-    model does not match the file."""
+    in, as ``bpfree adapt`` writes its result (:func:`bpfree.tflite.file_bytes`): every other
+    byte unchanged where the file can hold the trained values; where it cannot (a layer whose
+    file has no bias tensor, while node perturbation trains its bias), a new graph with a
+    warning, which LiteRT runs as well."""
     model = from_bytes(source)
     layers = dict(model.named_modules())
     state = trained.state_dict()
@@ -78,7 +80,7 @@ def written_back(source: bytes, trained: nn.Module) -> bytes:
                 raise ValueError(f"the trained model's {key} has no counterpart of shape "
                                  f"{tuple(value.shape)} in the exported .tflite")
             target.copy_(value)
-    return patched_bytes(model)
+    return file_bytes(model)
 
 
 def write_tflite(program_dir, trained: nn.Module, out) -> None:
