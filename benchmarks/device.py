@@ -206,12 +206,14 @@ def measure_memory(spec: Program, model, example, work: Path) -> dict:
     weights = sum(r["d_w"] + (4 * r["cout"] if r["mode"] == "np" else 0)
                   for r in program.meta["trainable"])
     rule = analytic_report(program)
-    activations = [row["offset"] for row in program.meta["arena_plan"]
-                   if row["buffer"].startswith("act[")]
+    # The kernels' scratch and the step's buffers (which the frozen prefix's activations may
+    # share: plan.STEP_BUFFERS); not the activations nor the perturbed passes' extents.
+    fixed = sum(row["bytes"] for row in program.meta["arena_plan"]
+                if not row["buffer"].startswith(("act[", "perturbed passes")))
     largest = max(program.meta["trainable"], key=lambda r: r["d_w"] + r["cout"])
     return {**sizes, "fits": fits, "arena": program.meta["arena_bytes"], "weights": weights,
             "largest": {k: largest[k] for k in ("name", "mode", "d_w", "cout")},
-            "arena_fixed": min(activations), "inference": inference_bytes(graph, spec.batch),
+            "arena_fixed": fixed, "inference": inference_bytes(graph, spec.batch),
             "analytic": None if rule is None else int(rule.total),
             "analytic_parts": None if rule is None else dict(rule.parts),
             "macs": step_macs(program), "layerwise_macs": layerwise_macs(program),
@@ -275,7 +277,9 @@ def measure_host(spec: Program, model, example, work: Path, x, y, steps: int,
     for _ in range(repeats):
         result = run_c(program, x, y, steps=steps, batch_size=spec.batch, lr=_lr(spec))
         c_times.append(result.wall_s / steps)
-        sim = copy.deepcopy(trainer)
+        # a fresh simulator each repeat: a trainer that ran holds the fast engine's compiled
+        # ops (ctypes structures), which deepcopy cannot copy
+        sim = _trainer(spec, model, example, spec.host_q)
         sums, seconds = _timed_simulation(sim, x, y, steps, spec.batch, _lr(spec))
         sim_times.append(seconds / steps)
         exact = exact and sums == result.loss_sums and _same(sim.model, result.model)
@@ -421,6 +425,7 @@ def run(quick: bool):
             x, y = _data(spec, model, max(spec.batch * max(steps, spec.emu_steps), 2))
             if spec.emu_steps:
                 instructions[spec.key] = measure_instructions(spec, model, example, work, x, y)
+                instructions[spec.key]["step_macs"] = memory[spec.key]["macs"]
             if steps:
                 host[spec.key] = measure_host(spec, model, example, work, x, y, steps, repeats)
     start = time.perf_counter()
@@ -624,6 +629,9 @@ def _instruction_rows(instructions: dict) -> list[dict]:
             _row(table, spec.label, s, "per inference and sample (M)", i["inference"] / 1e6),
             _row(table, spec.label, s, "step cost in inferences", ratio),
         ]
+        if "step_macs" in i:
+            rows.append(_row(table, spec.label, s, f"per step at Q={spec.queries}: "
+                             "instructions per MAC", i["projected"] / i["step_macs"]))
         if spec.model == "mcunet-in1":
             rows.append(_row(table, spec.label, s, "projected step latency at 190 ms per "
                              "inference (s)", ratio * PAPER["inference_ms"] / 1000,

@@ -106,6 +106,7 @@ def test_rows_carry_the_papers_figures_for_mcunet():
     assert paper[(full, "trainable weights in SRAM (KB)")] == 478.0
     assert paper[(full, "inference-only activations (KB)")] == 190.0
     instructions, _, _ = _measures()
+    instructions["sparse"]["step_macs"] = instructions["sparse"]["projected"] / 4
     rows = device._instruction_rows(instructions)
     sparse = next(s for s in device.PROGRAMS if s.key == "sparse").label
     latency = next(r for r in rows if r["metric"].startswith("projected step latency")
@@ -117,6 +118,8 @@ def test_rows_carry_the_papers_figures_for_mcunet():
     per_mac = {r["metric"]: r["value"] for r in rows if r["table"].startswith("instructions per")}
     assert per_mac["pointwise: instructions per MAC"] == pytest.approx(2e8 / 1.2e8)
     assert per_mac["whole inference: instructions per MAC"] == pytest.approx(2.5)
+    step = next(r for r in rows if r["metric"] == "per step at Q=50: instructions per MAC")
+    assert step["value"] == pytest.approx(4.0)
     assert latency["paper"] == pytest.approx(9.939)
 
 

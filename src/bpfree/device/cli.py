@@ -12,19 +12,19 @@ import torch
 from ..data import load_digits_split
 from ..data.idx import load_mnist
 from ..data.npz import load_npz
-from ..io import check_input_file, refuse_output_over_input, write_json
+from ..io import refuse_output_over_input, write_json
 from ..memory_cli import DEFAULT_BATCH_QUERIES
 from ..models import digits_mlp, mcunet_in1, mnist_cnn
 from ..models.mcunet import load_quantized
 from ..pmt import PMTConfig, PMTTrainer
 from ..pmt.sparse import block, split_blocks
 from ..quant import quantize_model
-from ..tflite.reader import load as load_tflite
 from .export import DeviceProgram, export_c
 from .model_file import load_model
 from .validate import MAX_BATCH, MAX_SAMPLES
 from .report import format_report, program_report
 from .run import run_c
+from .tflite_model import load_tflite_for_device, write_tflite
 
 MODELS = ("digits-mlp", "mnist-cnn", "mcunet-in1")
 #: Largest values of the count options: the C driver indexes its static buffers with int32,
@@ -41,8 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "with PMT (device-exact arithmetic).")
     ex.add_argument("--model", required=True,
                     help=f"one of {', '.join(MODELS)}, a model folder (graph.json + "
-                         "weights.npz, the format of the bundled MCUNet-in1), or the path of a "
-                         "torch-saved QuantizedModel (.pt)")
+                         "weights.npz, the format of the bundled MCUNet-in1), an int8 .tflite "
+                         "(trained on its logits, before a trailing SOFTMAX, as `bpfree adapt`; "
+                         "`device run --out-tflite` writes the weights back), or a saved "
+                         "QuantizedModel (.pt, read without unpickling code)")
     ex.add_argument("--target", default="host", choices=["host", "cortex-m7"],
                     help="host: system C compiler; cortex-m7: arm-none-eabi + QEMU mps2-an500")
     ex.add_argument("--out", required=True, help="project directory to create (must not exist)")
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="train only one of four blocks (PMT §3.3 sparse update); see --block")
     ex.add_argument("--block", type=int, default=4, choices=(1, 2, 3, 4),
                     help="with --sparse: the block to train (default 4, the last; PMT §4.4 "
-                         "trains block 3, whose MCUNet-in1 program fits 320 KiB)")
+                         "trains block 3, whose MCUNet-in1 program fits 256 KiB)")
     ex.add_argument("--seed", type=int, default=1, help="perturbation seed (>= 1)")
     ex.add_argument("--queries", type=int,
                     help="queries Q per layer and step (default: 50 for mcunet-in1, PMT Tables "
@@ -74,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--lr", type=float, default=0.1, help="learning rate (PMT Eq. 8)")
     run.add_argument("--samples", type=int, default=256, help="training samples to cycle over")
     run.add_argument("--json", metavar="OUT", help="write losses and timing as JSON to OUT")
+    run.add_argument("--out-tflite", metavar="OUT.tflite",
+                     help="for a program exported from a .tflite: write the trained weights "
+                          "into a copy of that file (nothing else changes; LiteRT runs it)")
     rep = sub.add_parser("report", help="sizes, arena plan and analytic memory of a program",
                          description="Print text/data/bss (cortex-m7), the arena plan per "
                                      "buffer and the analytic PMT memory of a program.")
@@ -107,10 +112,9 @@ def build_model(name: str):
         raise ValueError(f"--model must be one of {MODELS}, a model folder (graph.json + "
                          f"weights.npz), a .tflite file or a saved .pt QuantizedModel, "
                          f"got {name!r}")
-    if path.suffix.lower() == ".tflite":
-        check_input_file(path, "--model")
-        model = load_tflite(path)
-        return model, torch.zeros(1, *model.input_shape, dtype=torch.int8)
+    if path.suffix.lower() == ".tflite":  # parsed, never executed; adapt's output head
+        model, example, _ = load_tflite_for_device(path)
+        return model, example
     model = load_model(path, what="--model")  # restricted unpickler: never runs code
     shape = getattr(model, "sample_shape", None)
     if shape is None:
@@ -139,17 +143,28 @@ def _export(args) -> int:
     args.batch_size = batch if args.batch_size is None else args.batch_size
     args.queries = queries if args.queries is None else args.queries
     _check_export_options(args)
-    model, example = build_model(args.model)
+    source = None
+    if Path(args.model).suffix.lower() == ".tflite" and Path(args.model).exists():
+        model, example, source = load_tflite_for_device(args.model)
+    else:
+        model, example = build_model(args.model)
     config = PMTConfig(queries=args.queries, seed=args.seed, device_exact=True)
     trainable = None
     if args.sparse:
         probe = PMTTrainer(model, config, example=example)
-        trainable = block(split_blocks(probe.layers, 4), args.block)
+        # Four blocks as in the paper (Table 4); fewer when the model has fewer stages, as
+        # `bpfree adapt --method pmt-sparse` splits them.
+        count = min(4, len({layer.stage for layer in probe.layers}))
+        if args.block > count:
+            raise ValueError(f"--block must lie in [1, {count}]: this model's trainable layers "
+                             f"split into {count} blocks, got {args.block}")
+        trainable = block(split_blocks(probe.layers, count), args.block)
     trainer = PMTTrainer(model, config, example=example, trainable=trainable)
     program = export_c(trainer, args.out, target=args.target, sram_kib=args.sram_kib,
                        flash_kib=args.flash_kib, max_batch=args.batch_size,
                        max_samples=args.max_samples,
-                       model_name=args.model if args.model in MODELS else None)
+                       model_name=args.model if args.model in MODELS else None,
+                       source_tflite=source)
     print(f"wrote {program.path} ({args.target}, {len(program.meta['trainable'])} trainable "
           f"layers, Q={args.queries}, batch {args.batch_size}, arena "
           f"{program.meta['arena_bytes']} bytes)")
@@ -180,6 +195,9 @@ def _run(args) -> int:
     doc = {"program": str(program.path), "target": program.target, "steps": args.steps,
            "batch_size": args.batch_size, "lr": args.lr, "losses": result.losses,
            "loss_sums": result.loss_sums, "wall_s": result.wall_s}
+    if args.out_tflite:
+        write_tflite(program.path, result.model, args.out_tflite)
+        print(f"wrote {args.out_tflite}")
     if args.json:
         write_json(doc, args.json)
     return 0
@@ -195,7 +213,7 @@ def _check_run_options(args) -> None:
     inputs = {"DIR": args.dir}
     if args.data not in DATASETS:
         inputs["--data"] = args.data
-    refuse_output_over_input({"--json": args.json}, inputs)
+    refuse_output_over_input({"--json": args.json, "--out-tflite": args.out_tflite}, inputs)
 
 
 def _main_report(args) -> int:

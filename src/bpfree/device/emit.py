@@ -43,6 +43,13 @@ def affine_geometry(module) -> tuple[int, ...]:
             *module.dilation, module.groups)
 
 
+def _float_rule(module, i: int) -> str:
+    """bpf_affine's eff and rounding of a float-scale epilogue (FloatRuleLinear), or ""."""
+    if not hasattr(module, "effective_scale"):
+        return ""
+    return f", eff{i}, {1 if module.rounding == 'half_away' else 0}"
+
+
 def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, queries: int,
             micro_batch: int, gns: bool, qas: bool, max_batch: int, start_step: int,
             exp_table, logit_table) -> str:
@@ -69,6 +76,8 @@ def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, 
             out.append(f"static int8_t w{i}_sram[{m.weight.numel()}];")
         if op_index in bias_ops:
             out.append(f"static int32_t b{i}_sram[{m.bias.numel()}];")
+        if hasattr(m, "effective_scale"):  # FloatRuleLinear: the float-scale epilogue
+            out.append(f"static const double eff{i}[] = {_doubles(m.effective_scale)};")
     out.append("")
     rows = []
     for i, op in enumerate(affine_ops):
@@ -79,11 +88,11 @@ def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, 
         geo = ", ".join(str(g) for g in affine_geometry(m))
         rows.append(f"  {{w{i}_init, {w}, b{i}_init, {b}, mult{i}, shift{i}, {geo}, "
                     f"{m.input_quant.zero_point}, {m.output_quant.zero_point}, "
-                    f"{m.range.qmin}, {m.range.qmax}, 0u}}")
+                    f"{m.range.qmin}, {m.range.qmax}, 0u{_float_rule(m, i)}}}")
     out.append(f"static bpf_affine affine[{max(len(rows), 1)}] = {{\n" + ",\n".join(rows) + "\n};")
 
     op_rows = []
-    for op in graph.ops:
+    for k, op in enumerate(graph.ops):
         p = op.params
         (kh, kw), (sh, sw), (ph, pw) = (p.get("kernel", (0, 0)), p.get("stride", (0, 0)),
                                         p.get("padding", (0, 0)))
@@ -92,6 +101,9 @@ def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, 
             consts = add_constants(op.module)
             a[:len(consts)] = consts
             qmin, qmax = op.module.range.qmin, op.module.range.qmax
+        elif op.kind == "pad":
+            a[:5] = [*p["pads"], p["value"]]
+            qmin, qmax = -128, 127
         elif op.kind == "gap":
             t = graph.tensors[op.inputs[0]]
             consts = gap_constants(op.module, t.h * t.w)
@@ -99,6 +111,9 @@ def model_c(graph: Graph, plan: ArenaPlan, trainable: list[dict], *, seed: int, 
             qmin, qmax = -128, 127
         else:
             qmin, qmax = p.get("qmin", -128), p.get("qmax", 127)
+        if op.kind == "affine" and plan.op_exec:  # the frozen prefix's schedule (plan.OpExec)
+            e = plan.op_exec[k]
+            a[:3] = [e.mode, e.channels, e.staging]
         in2 = op.inputs[1] if len(op.inputs) > 1 else -1
         param = param_of.get(id(op), -1)
         op_rows.append(f"  {{{KINDS[op.kind]}, {op.inputs[0]}, {in2}, {op.output}, {param}, "

@@ -34,6 +34,7 @@ from .mcu import main_defines, mcu_sources
 from .model_file import load_model, save_model
 from .validate import ProgramError, check_against_model, check_meta
 from .plan import ArenaPlan, TrainableSpec, plan_arena
+from .tflite_model import SOURCE_FILE
 
 TARGETS = ("host", "cortex-m7")
 RUNTIME_FILES = ("bpfree_runtime.c", "bpfree_runtime.h", "main.c")
@@ -153,7 +154,8 @@ def _umask() -> int:
 
 def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int | None = None,
              flash_kib: int | None = None, *, sample_shape=None, max_batch: int = 64,
-             max_samples: int = 256, model_name: str | None = None) -> DeviceProgram:
+             max_samples: int = 256, model_name: str | None = None,
+             source_tflite: bytes | None = None) -> DeviceProgram:
     """Write the C99 project of ``trainer`` into ``out_dir`` (which must not exist yet).
 
     Args:
@@ -166,6 +168,9 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
         max_batch: the largest (micro-)batch the arena holds.
         max_samples: the most training samples ``main.c`` reads (its static sample buffer).
         model_name: a built-in model's name (``bpfree device report`` sizes it analytically).
+        source_tflite: the bytes of the .tflite the model was loaded from; kept in the project
+            (:data:`~bpfree.device.tflite_model.SOURCE_FILE`) so the trained weights can be
+            written back into it (``bpfree device run --out-tflite``).
     """
     _check_export_args(trainer, target, sram_kib, flash_kib, max_batch)
     out = Path(out_dir)
@@ -189,6 +194,7 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
         "start_step": trainer.steps,
         "trainable": [{k: r[k] for k in ("name", "mode", "d_w", "d_a", "cout", "layer_index")}
                       for r in rows],
+        "source_tflite": source_tflite is not None,
         "arena_bytes": plan.total,
         "arena_plan": plan.rows(),
     }
@@ -203,6 +209,8 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
         for name, text in sources.items():
             (tmp / name).write_text(text)
         (tmp / "program.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if source_tflite is not None:
+            (tmp / SOURCE_FILE).write_bytes(source_tflite)
         model = copy.deepcopy(trainer.model)
         save_model(model, tmp / "model.pt")
         os.replace(tmp, out)

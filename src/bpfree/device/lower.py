@@ -23,16 +23,19 @@ from ..quant.layers import (
     QReLU,
 )
 from ..quant.stages import QInvertedResidual, QMaxPool2d
+from ..tflite.stages import QPad
 
 #: The most terms a convolution output may sum: the C accumulates w (x - z_x), each at most
 #: 128 * 255 in magnitude, in int32 (65792 * 32640 < 2**31).
 MAX_REDUCTION = 65792
 #: The kernel classes of bpfree_runtime.c's kernel_class(), in its enum's order.
 KERNEL_CLASSES = ("conv", "pointwise", "depthwise", "linear", "pool", "add", "other")
-KINDS = {"affine": 0, "add": 1, "maxpool": 2, "avgpool": 3, "gap": 4, "clamp": 5, "copy": 6}
+KINDS = {"affine": 0, "add": 1, "maxpool": 2, "avgpool": 3, "gap": 4, "clamp": 5, "copy": 6,
+         "pad": 7}
 SUPPORTED = ("QConv2d (any stride / padding / dilation / groups, incl. depthwise and 1x1)",
-             "QLinear", "QInvertedResidual (with QAdd)", "QMaxPool2d", "QAvgPool2d",
-             "QGlobalAvgPool2d", "QReLU", "QFlatten", "Identity")
+             "QLinear (fixed point, or a .tflite's float-scale FULLY_CONNECTED)",
+             "QInvertedResidual (with QAdd)", "QMaxPool2d", "QAvgPool2d",
+             "QGlobalAvgPool2d", "QReLU", "QFlatten", "QPad", "Identity")
 
 
 @dataclass
@@ -103,6 +106,9 @@ class _Builder:
     def affine(self, module, x: int, stage: int, name: str) -> int:
         t = self.tensors[x]
         weight = module.weight
+        if hasattr(module, "effective_scale") and not isinstance(module, QLinear):
+            raise _unsupported(name, module, "the float-scale epilogue is implemented for "
+                               "fully connected layers only")
         if weight.numel() // weight.shape[0] > MAX_REDUCTION:
             raise _unsupported(name, module, f"an output sums {weight.numel() // weight.shape[0]} "
                                f"products, more than the {MAX_REDUCTION} an int32 accumulator "
@@ -147,6 +153,10 @@ class _Builder:
             return self.add("avgpool", [x], shape, k, module, name, kernel=(kh, kw),
                             stride=(sh, sw), padding=(ph, pw), qmin=module.range.qmin,
                             qmax=module.range.qmax)
+        if isinstance(module, QPad):
+            top, bottom, left, right = module.pads
+            return self.add("pad", [x], (t.c, t.h + top + bottom, t.w + left + right), k,
+                            module, name, pads=module.pads, value=module.quant.zero_point)
         if isinstance(module, QGlobalAvgPool2d):
             return self.add("gap", [x], (t.c, 1, 1), k, module, name)
         if isinstance(module, QReLU):

@@ -551,11 +551,31 @@ static int depthwise_fast(const bpf_affine *p) {
 #pragma GCC pop_options
 #endif
 
+/* FloatRuleLinear (a .tflite's FULLY_CONNECTED): int64 sums of w (x - z_x), then the
+ * float-scale epilogue in IEEE double, exact as bpfree.models.mcunet.float_rule computes it
+ * (acc + bias is exact below 2^53; one rounded product; round or rint). */
+static void linear_float_rule(const bpf_affine *p, const int8_t *x, int8_t *y, int32_t batch,
+                              int32_t in_numel, int32_t out_numel, int32_t lo, int32_t hi) {
+    for (int32_t n = 0; n < batch; n++) {
+        const int8_t *xn = x + (int64_t)n * in_numel;
+        for (int32_t co = 0; co < p->cout; co++) {
+            const int8_t *wc = p->w + (int64_t)co * p->cin;
+            int64_t acc = 0;
+            for (int32_t k = 0; k < p->cin; k++) acc += (int64_t)wc[k] * (xn[k] - p->in_zp);
+            double v = (double)(acc + p->b[co]) * p->eff[co];
+            v = (p->rounding ? round(v) : rint(v)) + (double)p->out_zp;
+            y[(int64_t)n * out_numel + co] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+        }
+    }
+}
+
 /* QConv2d / QLinear: the fast kernels where they apply, else affine_reference. */
 static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti,
                    const bpf_tensor *to, const int8_t *x, int8_t *y, int32_t batch) {
     int32_t lo = p->np_seed ? -128 : p->qmin, hi = p->np_seed ? 127 : p->qmax;
-    if (p->groups == 1 && p->cout >= 2 && m->scratch &&
+    if (p->eff)
+        linear_float_rule(p, x, y, batch, (int32_t)ti->numel, (int32_t)to->numel, lo, hi);
+    else if (p->groups == 1 && p->cout >= 2 && m->scratch &&
         p->cin * p->kh * p->kw * (is_pointwise(p) ? 2 : 3) <= m->scratch_elems)
         affine_gemm(p, ti, to, x, y, batch, m->scratch, m->scratch_elems, lo, hi);
     else if (depthwise_fast(p) && m->scratch &&
@@ -620,9 +640,8 @@ static KERNEL void gap(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor 
         }
 }
 
-#ifdef BPFREE_KERNEL_COUNTS
 /* The kernel class of an op (bpfree.device.lower.kernel_class). */
-static int kernel_class(const bpf_model *m, const bpf_op *op) {
+static int kernel_class_of(const bpf_model *m, const bpf_op *op) {
     if (op->kind == OP_ADD) return K_ADD;
     if (op->kind == OP_MAXPOOL || op->kind == OP_AVGPOOL || op->kind == OP_GAP) return K_POOL;
     if (op->kind != OP_AFFINE) return K_OTHER;
@@ -634,9 +653,98 @@ static int kernel_class(const bpf_model *m, const bpf_op *op) {
     return ti->h * ti->w == 1 ? K_LINEAR : K_POINTWISE;
 }
 
+#ifdef BPFREE_KERNEL_COUNTS
 uint32_t BPFREE_COUNTER(void);
 uint32_t bpf_kernel_ticks[K_CLASSES];
 #endif
+
+#ifdef BPFREE_KERNEL_COUNTS
+#define COUNTED(cls, stmt) do { uint32_t before_ = BPFREE_COUNTER(); stmt; \
+    bpf_kernel_ticks[cls] += before_ - BPFREE_COUNTER(); } while (0)
+#else
+#define COUNTED(cls, stmt) do { stmt; } while (0)
+#endif
+
+/* Output channels [c0, c0 + g) of an affine layer (groups 1, or depthwise: then its input
+ * channels too) as a layer of its own: the same kernels compute the same values. */
+static bpf_affine channel_block(const bpf_affine *p, int32_t c0, int32_t g) {
+    bpf_affine s = *p;
+    int64_t per = (int64_t)(p->cin / p->groups) * p->kh * p->kw;
+    s.w_init = p->w_init + c0 * per;
+    s.w = p->w + c0 * per;
+    s.b_init = p->b_init + c0;
+    s.b = p->b + c0;
+    s.mult = p->mult + c0;
+    s.shift = p->shift + c0;
+    s.cout = g;
+    if (p->groups > 1) s.cin = s.groups = g;
+    return s;
+}
+
+static bpf_tensor channel_view(const bpf_tensor *t, int32_t g) {
+    bpf_tensor s = *t;
+    s.c = g;
+    s.numel = (uint32_t)g * (uint32_t)(t->h * t->w);
+    return s;
+}
+
+/* EXEC_FUSED: op (groups 1) and the depthwise after it, per sample and block of g channels:
+ * g expanded channels into op's output slot (one block of one sample), then the depthwise's
+ * g output channels from them. The expanded tensor never exists whole. */
+static void run_fused(bpf_model *m, const bpf_op *op, int32_t batch) {
+    const bpf_op *dw = op + 1;
+    const bpf_affine *p = &m->affine[op->param], *d = &m->affine[dw->param];
+    const bpf_tensor *ti = &m->tensors[op->in], *tm = &m->tensors[op->out];
+    const bpf_tensor *to = &m->tensors[dw->out];
+    int32_t g = op->a[1], cls_p = kernel_class_of(m, op), cls_d = kernel_class_of(m, dw);
+    bpf_tensor vm = channel_view(tm, g), vo = channel_view(to, g);
+    int8_t *mid = m->arena + tm->off;
+    (void)cls_p;
+    (void)cls_d;
+    for (int32_t n = 0; n < batch; n++) {
+        const int8_t *xn = m->arena + ti->off + (int64_t)n * ti->numel;
+        int8_t *yn = m->arena + to->off + (int64_t)n * to->numel;
+        for (int32_t c0 = 0; c0 < tm->c; c0 += g) {
+            bpf_affine bp = channel_block(p, c0, g), bd = channel_block(d, c0, g);
+            COUNTED(cls_p, affine(m, &bp, ti, &vm, xn, mid, 1));
+            COUNTED(cls_d, affine(m, &bd, &vm, &vo, mid, yn + (int64_t)c0 * to->h * to->w, 1));
+        }
+    }
+}
+
+/* EXEC_INPLACE: a depthwise whose output (same shape) takes its input's bytes, per sample and
+ * block of g channels through the staging block; output channel c reads input channel c only,
+ * so each block overwrites input channels already consumed. */
+static void run_inplace(bpf_model *m, const bpf_op *op, int32_t batch) {
+    const bpf_affine *p = &m->affine[op->param];
+    const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
+    int32_t g = op->a[1], hw = to->h * to->w, cls = kernel_class_of(m, op);
+    bpf_tensor vi = channel_view(ti, g), vo = channel_view(to, g);
+    int8_t *staging = m->arena + op->a[2];
+    (void)cls;
+    for (int32_t n = 0; n < batch; n++)
+        for (int32_t c0 = 0; c0 < to->c; c0 += g) {
+            bpf_affine b = channel_block(p, c0, g);
+            int64_t at = (int64_t)n * to->numel + (int64_t)c0 * hw;
+            COUNTED(cls, affine(m, &b, &vi, &vo, m->arena + ti->off + at, staging, 1);
+                    memcpy(m->arena + to->off + at, staging, (size_t)g * hw));
+        }
+}
+
+/* QPad (a .tflite's PAD): the zero point around each channel plane. */
+static void pad(const bpf_op *op, const bpf_tensor *ti, const bpf_tensor *to, const int8_t *x,
+                int8_t *y, int32_t batch) {
+    int32_t top = op->a[0], left = op->a[2];
+    for (int32_t n = 0; n < batch; n++)
+        for (int32_t c = 0; c < to->c; c++) {
+            const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ti->h * ti->w;
+            int8_t *yc = y + (int64_t)n * to->numel + (int64_t)c * to->h * to->w;
+            memset(yc, op->a[4], (size_t)to->h * to->w);
+            for (int32_t i = 0; i < ti->h; i++)
+                memcpy(yc + (int64_t)(i + top) * to->w + left, xc + (int64_t)i * ti->w,
+                       (size_t)ti->w);
+        }
+}
 
 static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, int32_t batch) {
     const bpf_tensor *ti = &m->tensors[op->in], *to = &m->tensors[op->out];
@@ -649,6 +757,7 @@ static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, in
     case OP_MAXPOOL:
     case OP_AVGPOOL: pool(op, ti, to, x, y, batch); break;
     case OP_GAP: gap(op, ti, to, x, y, batch); break;
+    case OP_PAD: pad(op, ti, to, x, y, batch); break;
     case OP_CLAMP:
         for (int64_t i = 0; i < count; i++) y[i] = (int8_t)bpf_clamp(x[i], op->qmin, op->qmax);
         break;
@@ -661,13 +770,14 @@ static void run_op(bpf_model *m, const bpf_op *op, const uint32_t *placement, in
 void bpf_forward(bpf_model *m, int32_t first_op, int32_t end_op, const uint32_t *placement,
                  int32_t batch) {
     for (int32_t k = first_op; k < end_op; k++) {
-#ifdef BPFREE_KERNEL_COUNTS
-        uint32_t before = BPFREE_COUNTER();
-        run_op(m, &m->ops[k], placement, batch);
-        bpf_kernel_ticks[kernel_class(m, &m->ops[k])] += before - BPFREE_COUNTER();
-#else
-        run_op(m, &m->ops[k], placement, batch);
-#endif
+        const bpf_op *op = &m->ops[k];
+        /* The frozen prefix's schedule: only clean passes (the clean forward, inference) run
+         * those ops. */
+        int32_t exec = op->kind == OP_AFFINE && !placement ? op->a[0] : EXEC_PLAIN;
+        if (exec == EXEC_FUSED) run_fused(m, op, batch);
+        else if (exec == EXEC_INPLACE) run_inplace(m, op, batch);
+        else if (exec == EXEC_PLAIN)
+            COUNTED(kernel_class_of(m, op), run_op(m, op, placement, batch));
     }
 }
 

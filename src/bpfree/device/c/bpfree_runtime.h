@@ -6,8 +6,12 @@
 #include <stdint.h>
 
 enum { OP_AFFINE = 0, OP_ADD = 1, OP_MAXPOOL = 2, OP_AVGPOOL = 3, OP_GAP = 4, OP_CLAMP = 5,
-       OP_COPY = 6 };
+       OP_COPY = 6, OP_PAD = 7 };
 enum { MODE_WP = 0, MODE_NP = 1 };
+/* How a frozen-prefix affine op runs in a clean pass (bpfree.device.plan.prefix_schedule):
+ * as is; fused with the depthwise after it, a block of channels at a time; skipped (run by
+ * the fused op before it); or in place over its input through a staging block. */
+enum { EXEC_PLAIN = 0, EXEC_FUSED = 1, EXEC_DONE = 2, EXEC_INPLACE = 3 };
 /* Kernel classes of the per-kernel instruction counts (BPFREE_KERNEL_COUNTS). */
 enum { K_CONV = 0, K_POINTWISE = 1, K_DEPTHWISE = 2, K_LINEAR = 3, K_POOL = 4, K_ADD = 5,
        K_OTHER = 6, K_CLASSES = 7 };
@@ -27,12 +31,19 @@ typedef struct {
     int32_t cout, cin, kh, kw, sh, sw, ph, pw, dh, dw, groups;
     int32_t in_zp, out_zp, qmin, qmax;
     uint32_t np_seed;      /* nonzero: add Rademacher node perturbation (Eq. 9) before clamp */
+    /* Fully connected layers with a float-scale epilogue (LiteRT's FULLY_CONNECTED,
+     * bpfree FloatRuleLinear): per output channel round((acc + bias) * eff) + out_zp,
+     * rounding 1 half away from zero (round), 0 half to even (rint); NULL: fixed point. */
+    const double *eff;
+    int32_t rounding;
 } bpf_affine;
 
 typedef struct {
     int32_t kind, in, in2, out, param, stage;
     /* pools: kernel, stride, padding; clamp: qmin, qmax; add and gap: multipliers */
     int32_t kh, kw, sh, sw, ph, pw, qmin, qmax;
+    /* add and gap: constants; pad: top, bottom, left, right, value; affine: a[0] EXEC_*, a[1] channels per block, a[2] the
+     * staging block's arena offset (EXEC_INPLACE) */
     int32_t a[12];
 } bpf_op;
 
