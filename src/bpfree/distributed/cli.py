@@ -29,6 +29,13 @@ from .federated import bytes_per_round, late_client, run_federated
 from .launch import check_launch, launch
 
 
+EPILOG = """\
+examples:
+  bpfree fleet --workers 2 --epochs 1
+  bpfree fleet --federated --clients 4 --rounds 5 --ledger ledger.json
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = FleetOptions()
     parser.add_argument("--workers", type=int, default=2, help="data-parallel workers W")
