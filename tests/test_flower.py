@@ -75,3 +75,27 @@ def test_a_record_round_trips_exactly_and_a_bad_one_is_refused():
         decode_record(np.zeros(3, dtype=np.int64))
     with pytest.raises(ValueError, match="int64 array"):
         decode_record(np.zeros(8, dtype=np.float64))
+
+
+def test_bpfree_fleet_federated_flower_prints_the_same_digest(tmp_path, capsys):
+    """`bpfree fleet --federated --flower` against `bpfree fleet --federated`: same server
+    digest, same ledger; --flower alone is a usage error."""
+    import json
+
+    from bpfree.cli import main
+
+    common = ["fleet", "--federated", "--clients", "2", "--rounds", "3", "--queries", "2",
+              "--batch-size", "16"]
+    docs = {}
+    for name, extra in (("plain", []), ("flower", ["--flower"])):
+        assert main([*common, *extra, "--ledger", str(tmp_path / f"{name}.ledger"),
+                     "--json", str(tmp_path / f"{name}.json")]) == 0
+        docs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert docs["flower"]["transport"] == "flower"
+    assert docs["flower"]["server_sha256"] == docs["plain"]["server_sha256"]
+    assert docs["flower"]["late_client_agrees"]
+    assert ((tmp_path / "flower.ledger").read_bytes()
+            == (tmp_path / "plain.ledger").read_bytes())
+    capsys.readouterr()
+    assert main(["fleet", "--flower"]) == 2
+    assert "--flower applies to --federated" in capsys.readouterr().err
