@@ -72,7 +72,7 @@ def test_cortex_m7_export_links_and_refuses_what_overflows(tmp_path, capsys):
 def test_the_memory_floor_is_below_what_the_linker_places(tmp_path):
     from bpfree.device.mcu import build_elf, size_of
 
-    assert main(["device", "export", "--model", "mnist-cnn", "--target", "cortex-m7",
+    assert main(["device", "export", "--model", "digits-mlp", "--target", "cortex-m7",
                  "--out", str(tmp_path / "p"), "--batch-size", "4", "--max-samples", "8"]) == 0
     program = DeviceProgram.load(tmp_path / "p")
     sizes = size_of(build_elf(program))
