@@ -8,7 +8,10 @@ program two steps on its first batch (:func:`probe_rate`): the second step's los
 batch's loss after one update. A rate is
 
 * too large when that one update more than doubles the batch's loss and raises it by more than
-  :data:`BLOWUP_NATS` (issue 35: 0.1 sent MCUNet-in1 block 3's loss from 0.49 to 11.5);
+  :data:`BLOWUP_NATS` (issue 35: 0.1 sent MCUNet-in1 block 3's loss from 0.49 to 11.5), or
+  moves a weight by more than :data:`MAX_STEP_CODES` codes, half the int8 range (adapt refuses
+  a QZO-FF step that can cross all of it; on an untrained model even lr 1e4 lowers the loss
+  while it throws every weight to the clip);
 * too small when the update moves no int8 weight (Eq. 11 rounded every change to 0 codes).
 
 Without ``--lr``, :func:`choose_rate` walks :data:`LADDER` from adapt's PMT default
@@ -30,6 +33,8 @@ DEFAULT_LR = 0.01
 LADDER = (0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 3e-4, 1e-4, 3e-5, 1e-5)
 #: A one-step rise of the batch's loss (nats) below which no rate is called too large.
 BLOWUP_NATS = 0.5
+#: The largest change of one int8 weight in one step (codes) a rate may cause.
+MAX_STEP_CODES = 127
 
 
 @dataclass(frozen=True)
@@ -40,26 +45,34 @@ class RateProbe:
     loss_before: float
     loss_after: float
     moved: int
+    largest: int = 0
 
     @property
     def verdict(self) -> str:
         """"too large", "too small" or "ok"."""
         rise = self.loss_after - self.loss_before
-        if rise > BLOWUP_NATS and self.loss_after > 2 * self.loss_before:
+        if (rise > BLOWUP_NATS and self.loss_after > 2 * self.loss_before
+                or self.largest > MAX_STEP_CODES):
             return "too large"
         return "too small" if self.moved == 0 else "ok"
 
     def describe(self) -> str:
         return (f"one step at lr {self.lr:g} took the first batch's loss from "
                 f"{self.loss_before:.3f} to {self.loss_after:.3f} and moved {self.moved} int8 "
-                f"weight(s)")
+                f"weight(s), the farthest by {self.largest} codes")
 
 
-def _moved(program, model: torch.nn.Module) -> int:
+def _moved(program, model: torch.nn.Module) -> tuple[int, int]:
+    """How many trainable int8 weights differ from the program's, and the largest change."""
     trained = dict(model.named_modules())
     start = dict(program.model.named_modules())
-    return sum(int((trained[r["name"]].weight != start[r["name"]].weight).sum())
-               for r in program.meta["trainable"])
+    moved, largest = 0, 0
+    for row in program.meta["trainable"]:
+        step = (trained[row["name"]].weight.to(torch.int32)
+                - start[row["name"]].weight.to(torch.int32)).abs()
+        moved += int((step > 0).sum())
+        largest = max(largest, int(step.max()))
+    return moved, largest
 
 
 def probe_rate(program, x: torch.Tensor, y: torch.Tensor, batch_size: int,
@@ -67,7 +80,7 @@ def probe_rate(program, x: torch.Tensor, y: torch.Tensor, batch_size: int,
     """Two steps of ``program`` at ``lr`` on the first ``batch_size`` samples of ``(x, y)``."""
     xb, yb = x[:batch_size], y[:batch_size]
     result = run_c(program, xb, yb, steps=2, batch_size=len(xb), lr=lr)
-    return RateProbe(lr, result.losses[0], result.losses[1], _moved(program, result.model))
+    return RateProbe(lr, result.losses[0], result.losses[1], *_moved(program, result.model))
 
 
 def check_rate(program, x, y, batch_size: int, lr: float) -> RateProbe:
