@@ -75,7 +75,7 @@ examples:
   bpfree adapt model.tflite --data new_site.npz --out adapted.tflite
   bpfree adapt model.tflite --data new_site.npz --out adapted.tflite --method pmt-sparse \\
       --epochs 5 --queries 20 --json adapt.json
-  bpfree adapt model.tflite --data images/ --out adapted.tflite --method qzo-ff --lr 0.03
+  bpfree adapt model.tflite --data images/ --out adapted.tflite --method qzo-ff
 
 exit status: 0 adapted, 1 the model cannot be adapted (unsupported operator, corrupt file,
 training failure, output not written), 2 usage error.
