@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..progress import show_progress
 from ..classify import load_image
 from ..harness import accuracy, fit, holdout_split
 from ..data.npz import load_npz
@@ -366,7 +367,7 @@ def main(args: argparse.Namespace) -> int:
         report = adapt(model, x, y, method=args.method, epochs=args.epochs, queries=queries,
                        lr=args.lr, batch_size=args.batch_size, validation=args.validation,
                        seed=args.seed, eps_codes=args.eps_codes or 1,
-                       progress=not args.quiet)
+                       progress=show_progress(quiet=args.quiet))  # a bar on a terminal only
     except (FloatingPointError, RuntimeError) as err:  # bad labels etc. stay usage errors
         return _failed(f"adaptation failed, {args.out} not written: {err}")
     try:
