@@ -315,3 +315,34 @@ def test_docs_refuse_non_finite_seconds_naming_the_file(results_dir, tmp_path, s
     assert reason.startswith("results/slow.json: 'seconds' must be a finite number >= 0")
     page = (tmp_path / "B.md").read_text()
     assert "## slow" not in page and " nan s" not in page and " inf s" not in page
+
+
+def test_a_part_the_run_could_not_do_is_said_on_the_terminal(bench_dir, monkeypatch, tmp_path,
+                                                             capsys):
+    """Issue 35: `bench tflite --quick` without MNIST said so only inside the JSON."""
+    from bpfree.bench.claims import claim
+    from bpfree.cli import main
+
+    _write_module(bench_dir, "partial.py", """
+        from bpfree.bench.claims import claim
+        NAME = "partial"
+        DESCRIPTION = "Runs one part of two."
+        def run(quick):
+            rows = [{"table": "t", "method": "m", "setting": "s", "metric": "x",
+                     "value": 1.0, "paper": None}]
+            return rows, {"notes": ["adaptation rows skipped: no MNIST in data/mnist",
+                                    "an ordinary note"],
+                          "claims": [claim("c-done", "ref", "measured", paper=None, ours=1.0,
+                                           holds=True),
+                                     claim("c-open", "ref", "adapting raises accuracy",
+                                           paper=None, ours=None, holds=None)]}
+    """)
+    monkeypatch.setenv(runner.ENV_VAR, str(bench_dir))
+    assert main(["bench", "partial", "--quick", "--allow-dirty", "--json",
+                 str(tmp_path / "p.json")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: partial: adaptation rows skipped: no MNIST" in err
+    assert "claim 'c-open' not measured in this run: adapting raises accuracy" in err
+    assert "c-done" not in err and "ordinary note" not in err
+    doc = {"claims": [claim("a", "r", "s", paper=None, ours=None, holds=None)]}
+    assert runner.unmeasured(doc) == ["claim 'a' not measured in this run: s"]

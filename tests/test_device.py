@@ -500,8 +500,12 @@ def test_mcunet_in1_full_model_program_links_into_stm32h7b3_sram(tmp_path):
     assert sizes["data"] + sizes["bss"] <= 1024 * 1024
     # The check bites: with the SRAM the trainable weights alone take, linking fails.
     weights_kib = sum(row["d_w"] for row in program.meta["trainable"]) // 1024
+    with pytest.raises(RuntimeError, match="does not link into the MCU"):  # at export
+        export_c(trainer, tmp_path / "small", target="cortex-m7", sram_kib=weights_kib,
+                 max_batch=1, max_samples=1)
+    assert not (tmp_path / "small").exists()
     small = export_c(trainer, tmp_path / "small", target="cortex-m7", sram_kib=weights_kib,
-                     max_batch=1, max_samples=1)
+                     max_batch=1, max_samples=1, require_fit=False)
     with pytest.raises(RuntimeError, match="does not fit"):
         build_elf(small)
 

@@ -28,7 +28,9 @@ ROOT = SRC / "bpfree"
 #: Command front ends: they may import bpfree's own modules inside a handler, so that the
 #: command starts without torch (``bpfree --help`` and Ctrl-C answer at once); each such
 #: import still carries a ``# lazy:`` comment.
-FRONT_ENDS = {"bpfree/cli.py"}
+#: ``bpfree fleet``'s front end loads the Flower adapter only for ``--flower``: it needs flwr,
+#: the optional "flower" extra, which a plain install lacks.
+FRONT_ENDS = {"bpfree/cli.py", "bpfree/distributed/cli.py"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -50,5 +50,7 @@ def test_one_mismatching_value_one_failed_round_trip_or_one_flat_adaptation_fail
 
 def test_no_rows_measure_nothing_and_hold_nothing():
     claims = bench.ledger([])
-    assert [c["holds"] for c in claims] == [False, False, False]
+    # no adaptation rows (a quick run without MNIST): that claim reads "not measured", which
+    # `bpfree bench` also says on the terminal (issue 35), not "fails"
+    assert [c["holds"] for c in claims] == [False, False, None]
     assert all(c["ours"] is None or c["ours"] == "0/0 models" for c in claims)

@@ -80,6 +80,13 @@ def classify(image, model=None, *, k: int = 5) -> dict:
             "logits": [int(v) for v in logits.tolist()]}
 
 
+EPILOG = """\
+examples:
+  bpfree classify --sample chelsea
+  bpfree classify --sample coffee --compare-requant --json coffee.json
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Classify an image with the imported INT8 MCUNet-in1 (ImageNet-1k, "
                           "128x128) and print the top-5 classes.")

@@ -154,6 +154,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
           f"{docs.format_seconds(document['seconds'])}")
     print(docs.format_rows_text(document["rows"]))
     print(f"wrote {json_path}")
+    # said on the terminal, not only inside the JSON (issue 35: a quick run without MNIST)
+    for line in runner.unmeasured(document):
+        print(f"{PROG}: warning: {document['benchmark']}: {line}", file=sys.stderr)
     return 0
 
 
@@ -254,9 +257,11 @@ def _add_delegated(subparsers, name: str, module_path: str, help_text: str) -> N
                                   description=f"{name}: not available ({reason})")
         p.set_defaults(handler=_unavailable(name, reason))
         return
+    # A module's EPILOG lists its examples (tests/test_help_examples.py runs every one).
     p = subparsers.add_parser(
         name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".",
-        epilog=f"example:\n  {PROG} {name}", formatter_class=_HelpFormatter,
+        epilog=getattr(module, "EPILOG", f"example:\n  {PROG} {name}"),
+        formatter_class=_HelpFormatter,
     )
     _add_debug(p)
     add_arguments(p)

@@ -54,6 +54,13 @@ MAX_SEED = 2**32 - 4
 INPUT_RANGE = (0.0, 1.0)
 
 
+EPILOG = """\
+examples:
+  bpfree demo
+  bpfree demo --epochs 5 --perturbation np --json demo.json
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n\n")[0].replace("``", "")
     d = DEFAULTS

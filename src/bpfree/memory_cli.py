@@ -33,6 +33,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+EPILOG = """\
+examples:
+  bpfree memory
+  bpfree memory --model mcunet-in1 --method bp --method pmt
+  bpfree memory --model mnist-cnn --method pmt --layers --json memory.json
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Analytic training memory (PMT Table 3 rules, per layer) and "
                           "multiply-accumulates per iteration of a reference model for one or "

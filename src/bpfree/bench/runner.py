@@ -326,6 +326,16 @@ def validate_result(document: Any, source: str = "result") -> dict:
     return {**document, "claims": claims, "rows": rows}
 
 
+def unmeasured(document: dict) -> list[str]:
+    """What a run could not do, one line each, for the terminal: the notes that say a part
+    was skipped, and every claim left "not measured" (``holds`` None) by this run."""
+    notes = (document.get("extra") or {}).get("notes") or []
+    lines = [n for n in notes if isinstance(n, str) and "skipped" in n.lower()]
+    lines += [f"claim {c['id']!r} not measured in this run: {c['statement']}"
+              for c in document.get("claims", []) if c.get("holds") is None]
+    return lines
+
+
 def _checked_claims(claims: Any) -> list[dict]:
     """:func:`validate_claims`, its errors as :class:`BenchmarkError`."""
     try:

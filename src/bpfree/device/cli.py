@@ -23,6 +23,7 @@ from .export import DeviceProgram, export_c
 from .model_file import load_model
 from .validate import MAX_BATCH, MAX_SAMPLES
 from .report import format_report, program_report
+from .rate import check_rate, choose_rate
 from .run import run_c
 from .tflite_model import load_tflite_for_device, write_tflite
 
@@ -33,12 +34,29 @@ LIMITS = {"queries": 10_000, "batch_size": MAX_BATCH, "max_samples": MAX_SAMPLES
           "samples": 1 << 24, "steps": 1 << 24}
 DATASETS = ("digits", "mnist")
 
+#: The examples of each action's --help, in an order that runs (export, then run and report
+#: the exported folder); tests/test_help_examples.py runs them all.
+EXAMPLES = {
+    "export": ("  bpfree device export --model digits-mlp --out prog\n"
+               "  bpfree device export --model mcunet-in1 --target cortex-m7 --out mcunet\n"
+               "  bpfree device export --model mcunet-in1 --target cortex-m7 --sparse --block 3 \\\n"
+               "      --sram-kib 320 --out mcunet-b3\n"),
+    "run": ("  bpfree device run prog --data digits --steps 5\n"
+            "  bpfree device run prog --data digits --steps 20 --lr 0.03 --json run.json\n"),
+    "report": "  bpfree device report prog\n",
+}
+EPILOG = "examples:\n" + "".join(EXAMPLES.values()) + (
+    "\nThe C program, its targets and memory: docs/DEVICE.md. The cortex-m7 target needs "
+    "`make device-toolchain`.\n")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(title="device commands", metavar="ACTION", dest="action")
+    fmt = {"formatter_class": parser.formatter_class}
     ex = sub.add_parser("export", help="write the C99 PMT program of a model",
                         description="Write a self-contained C99 project that trains the model "
-                                    "with PMT (device-exact arithmetic).")
+                                    "with PMT (device-exact arithmetic).",
+                        epilog="examples:\n" + EXAMPLES["export"], **fmt)
     ex.add_argument("--model", required=True,
                     help=f"one of {', '.join(MODELS)}, a model folder (graph.json + "
                          "weights.npz, the format of the bundled MCUNet-in1), an int8 .tflite "
@@ -63,17 +81,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "8-9; else 8)")
     ex.add_argument("--max-samples", type=int, default=256,
                     help="most training samples main.c reads")
-    ex.add_argument("--sram-kib", type=int, help="MCU SRAM (cortex-m7; default 1024)")
+    ex.add_argument("--sram-kib", type=int,
+                    help="MCU SRAM (cortex-m7; default 1024): export links the program and "
+                         "fails (exit 2, nothing written) if it does not fit")
     ex.add_argument("--flash-kib", type=int, help="MCU flash (cortex-m7; default 2048)")
     run = sub.add_parser("run", help="compile if needed and run K PMT steps",
                          description="Compile the program if needed and run K PMT steps on "
-                                     "cyclic batches of a dataset.")
+                                     "cyclic batches of a dataset.",
+                         epilog="examples:\n" + EXAMPLES["run"], **fmt)
     run.add_argument("dir", help="program directory written by `bpfree device export`")
     run.add_argument("--data", required=True,
                      help=f"one of {', '.join(DATASETS)}, or an .npz with arrays x and y")
     run.add_argument("--steps", type=int, default=20, help="PMT steps K")
     run.add_argument("--batch-size", type=int, default=8, help="mini-batch size")
-    run.add_argument("--lr", type=float, default=0.1, help="learning rate (PMT Eq. 8)")
+    run.add_argument("--lr", type=float,
+                     help="learning rate (PMT Eq. 8); checked first by two steps on the first "
+                          "batch, refused if that one update more than doubles the batch's loss "
+                          "or moves no weight (default: the first of 0.01, 0.003, 0.001, ... "
+                          "(or 0.03, 0.1, ...) that passes this check)")
+    run.add_argument("--no-rate-check", action="store_true",
+                     help="run --lr as given, without the two-step probe")
     run.add_argument("--samples", type=int, default=256, help="training samples to cycle over")
     run.add_argument("--json", metavar="OUT", help="write losses and timing as JSON to OUT")
     run.add_argument("--out-tflite", metavar="OUT.tflite",
@@ -81,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "into a copy of that file (nothing else changes; LiteRT runs it)")
     rep = sub.add_parser("report", help="sizes, arena plan and analytic memory of a program",
                          description="Print text/data/bss (cortex-m7), the arena plan per "
-                                     "buffer and the analytic PMT memory of a program.")
+                                     "buffer and the analytic PMT memory of a program.",
+                         epilog="examples:\n" + EXAMPLES["report"], **fmt)
     rep.add_argument("dir", help="program directory")
     rep.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     parser.set_defaults(device_parser=parser)
@@ -168,7 +196,25 @@ def _export(args) -> int:
     print(f"wrote {program.path} ({args.target}, {len(program.meta['trainable'])} trainable "
           f"layers, Q={args.queries}, batch {args.batch_size}, arena "
           f"{program.meta['arena_bytes']} bytes)")
+    print(_fit_line(program))
     return 0
+
+
+def _fit_line(program: DeviceProgram) -> str:
+    """How the export decided that the program fits (bpfree.device.fit.check_fits)."""
+    fit, meta = program.fit, program.meta
+    if not fit:
+        return ("not checked against an MCU (host target; pass --sram-kib to bound it, or "
+                "export --target cortex-m7 to link it)")
+    if fit["linked"]:
+        used = fit["data"] + fit["bss"]
+        return (f"links into SRAM {meta['sram_kib']} KiB (data + bss {used / 1024:.1f} KiB) "
+                f"and flash {meta['flash_kib']} KiB (text + data "
+                f"{(fit['text'] + fit['data']) / 1024:.1f} KiB)")
+    why = ("host target" if meta["target"] == "host" else
+           "the cortex-m7 toolchain is missing: `make device-toolchain`")
+    return (f"needs at least {fit['sram_floor'] / 1024:.1f} KiB of SRAM ({meta['sram_kib']} "
+            f"KiB given): a lower bound, not linked ({why})")
 
 
 def _dataset(name: str, samples: int):
@@ -189,6 +235,7 @@ def _run(args) -> int:
     _check_run_options(args)
     program = DeviceProgram.load(args.dir)
     x, y = _dataset(args.data, args.samples)
+    _pick_rate(args, program, x, y)
     result = run_c(program, x, y, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
     for t, loss in enumerate(result.losses):
         print(f"step {t + 1:4d}  loss {loss:.6f}")
@@ -203,7 +250,20 @@ def _run(args) -> int:
     return 0
 
 
+def _pick_rate(args, program: DeviceProgram, x, y) -> None:
+    """Check ``--lr`` on the program (bpfree.device.rate), or choose it when not given."""
+    if args.lr is None:
+        args.lr, probes = choose_rate(program, x, y, args.batch_size)
+        tried = ", ".join(f"{p.lr:g} {p.verdict}" for p in probes[:-1])
+        print(f"lr {args.lr:g} (chosen: {probes[-1].describe()}"
+              + (f"; tried {tried}" if tried else "") + ")")
+    elif not args.no_rate_check:
+        check_rate(program, x, y, args.batch_size, args.lr)
+
+
 def _check_run_options(args) -> None:
+    if args.lr is not None and not (np.isfinite(args.lr) and args.lr >= 0):
+        raise ValueError(f"--lr must be a finite number >= 0, got {args.lr}")
     for name in ("steps", "batch_size", "samples"):
         value = getattr(args, name)
         low = 0 if name == "steps" else 1

@@ -9,7 +9,9 @@ nothing: the arena is static and sized from :func:`~bpfree.device.plan.plan_aren
 the C-trained weights back into a copy of it.
 
 The directory appears whole or not at all: everything is written into a temporary sibling and
-renamed into place.
+renamed into place, after :func:`~bpfree.device.fit.check_fits` has linked it (cortex-m7) or
+bounded its memory against ``sram_kib`` / ``flash_kib``: a program that cannot fit its MCU is
+refused at export, not found out at the first run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..pmt import PMTTrainer
 from ..pmt.estimate import requant_scale
 from ..updates.integer_layer import quantization_aware_scales
 from .emit import MODEL_H, model_c
+from .fit import check_fits
 from .lower import Graph, lower
 from .mcu import main_defines, mcu_sources
 from .model_file import load_model, save_model
@@ -50,6 +53,8 @@ class DeviceProgram:
     path: Path
     meta: dict
     model: torch.nn.Module | None = field(default=None, repr=False)
+    #: How export decided that it fits (:func:`~bpfree.device.fit.check_fits`; {} unchecked).
+    fit: dict = field(default_factory=dict)
 
     @classmethod
     def load(cls, path) -> DeviceProgram:
@@ -155,7 +160,8 @@ def _umask() -> int:
 def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int | None = None,
              flash_kib: int | None = None, *, sample_shape=None, max_batch: int = 64,
              max_samples: int = 256, model_name: str | None = None,
-             source_tflite: bytes | None = None) -> DeviceProgram:
+             source_tflite: bytes | None = None,
+             require_fit: bool = True) -> DeviceProgram:
     """Write the C99 project of ``trainer`` into ``out_dir`` (which must not exist yet).
 
     Args:
@@ -171,6 +177,10 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
         source_tflite: the bytes of the .tflite the model was loaded from; kept in the project
             (:data:`~bpfree.device.tflite_model.SOURCE_FILE`) so the trained weights can be
             written back into it (``bpfree device run --out-tflite``).
+        require_fit: refuse (:class:`~bpfree.device.fit.ProgramDoesNotFit`, nothing written) a
+            program that does not link into ``sram_kib`` / ``flash_kib`` (cortex-m7 with the
+            toolchain), or whose memory floor exceeds them (without it, or host with
+            ``sram_kib``). False exports it anyway (to size an overflowing program).
     """
     _check_export_args(trainer, target, sram_kib, flash_kib, max_batch)
     out = Path(out_dir)
@@ -213,8 +223,10 @@ def export_c(trainer: PMTTrainer, out_dir, target: str = "host", sram_kib: int |
             (tmp / SOURCE_FILE).write_bytes(source_tflite)
         model = copy.deepcopy(trainer.model)
         save_model(model, tmp / "model.pt")
+        # linked here, the ELF (tmp/build) moves with the project and is not rebuilt by run
+        fit = check_fits(DeviceProgram(tmp, meta, model)) if require_fit else {}
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return DeviceProgram(out, meta, model)
+    return DeviceProgram(out, meta, model, fit)

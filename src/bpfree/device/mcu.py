@@ -30,6 +30,9 @@ M7_FLAGS = ("-mcpu=cortex-m7", "-mthumb", "-mfpu=fpv5-d16", "-mfloat-abi=hard", 
             "-O2", "-Wall",
             "-ffp-contract=off", "-fno-fast-math", "-ffunction-sections", "-fdata-sections")
 RAM_ORIGIN = 0x20000000
+#: The linker script's stack and heap (each 16 KiB), reserved in RAM beside data and bss.
+STACK_BYTES = HEAP_BYTES = 0x4000
+STACK_HEAP_BYTES = STACK_BYTES + HEAP_BYTES
 QEMU_TIMEOUT_S = 3600
 
 
@@ -53,8 +56,8 @@ MEMORY
   RAM (rwx)  : ORIGIN = 0x{RAM_ORIGIN:08X}, LENGTH = {sram_kib}K
 }}
 ENTRY(Reset_Handler)
-_stack_size = 0x4000;
-_heap_size = 0x4000;
+_stack_size = 0x{STACK_BYTES:X};
+_heap_size = 0x{HEAP_BYTES:X};
 SECTIONS
 {{
   .text : {{

@@ -27,6 +27,15 @@ from .fleet import (METHODS, PERTURBATIONS, FleetOptions, build_setup,
                          pmt_trainer_digest, train, trainable_values, weights_digest)
 from .federated import bytes_per_round, late_client, run_federated
 from .launch import check_launch, launch
+from .ledger import SeedLedger
+
+
+EPILOG = """\
+examples:
+  bpfree fleet --workers 2 --epochs 1
+  bpfree fleet --federated --clients 4 --rounds 5 --ledger ledger.json
+  bpfree fleet --federated --flower --clients 4 --rounds 5
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", metavar="PATH",
                         help="the federated seed ledger (resumed when it exists; default: a "
                              "temporary file)")
+    parser.add_argument("--flower", action="store_true",
+                        help="with --federated: run the rounds through Flower (flwr, the "
+                             "'flower' extra): bpfree.distributed.flower's client and strategy "
+                             "in Flower's server loop, in this process; the same weights")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
 
 
@@ -112,9 +125,29 @@ def data_parallel(workers: int, options: FleetOptions, *, timeout_s: float) -> d
     return doc
 
 
+def _flower(args, options: FleetOptions, setup: dict, config: PMTConfig,
+            ledger: SeedLedger) -> dict:
+    """The rounds through Flower (run_federated's result keys)."""
+    # lazy: flwr is the optional 'flower' extra; only --flower needs it
+    from .flower import run_flower
+
+    if len(ledger):
+        raise ValueError(f"--flower starts a new ledger, and {args.ledger} already holds "
+                         f"{len(ledger)} rounds; resume it without --flower, or choose another "
+                         "--ledger")
+    strategy = run_flower(setup["model"], config, setup["x"], setup["y"], clients=args.clients,
+                          rounds=args.rounds, batch_size=options.batch_size, lr=options.lr,
+                          ledger=ledger)
+    if not all(strategy.agree):
+        raise RuntimeError("a Flower client's weights differ from the server's")
+    return {"replica": strategy.replica, "ledger": ledger, "replayed": 0,
+            "rounds_run": args.rounds}
+
+
 def federated(args, options: FleetOptions) -> dict:
     if options.method != "pmt":
         raise ValueError("--federated runs PMT with weight perturbation: use --method pmt")
+
     setup = build_setup(options)
     initial = copy.deepcopy(setup["model"])
     config = PMTConfig(queries=options.queries, perturbation=options.perturbation,
@@ -125,15 +158,20 @@ def federated(args, options: FleetOptions) -> dict:
         ledger_path = args.ledger or str(Path(tmp) / "ledger.json")
         if args.ledger:
             check_output_path(args.ledger, what="--ledger")
-        out = run_federated(setup["model"], config, setup["x"], setup["y"], clients=args.clients,
-                            rounds=args.rounds, batch_size=options.batch_size, lr=options.lr,
-                            ledger_path=ledger_path, header=header)
+        if args.flower:
+            out = _flower(args, options, setup, config, SeedLedger(ledger_path, header))
+        else:
+            out = run_federated(setup["model"], config, setup["x"], setup["y"],
+                                clients=args.clients, rounds=args.rounds,
+                                batch_size=options.batch_size, lr=options.lr,
+                                ledger_path=ledger_path, header=header)
         server = out["replica"]
         late = late_client(initial, config, setup["x"][:1], out["ledger"])
     d = trainable_values(setup)
     per_round = bytes_per_round(len(server.wp), options.queries, d, args.clients)
     return {
         "mode": "federated", "clients": args.clients, "rounds": args.rounds,
+        "transport": "flower" if args.flower else "in-process",
         "options": options.as_dict(), "ledger": args.ledger,
         "rounds_replayed_at_start": out["replayed"], "rounds_run": out["rounds_run"],
         "server_sha256": weights_digest(server.trainer.model),
@@ -148,6 +186,8 @@ def federated(args, options: FleetOptions) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     options = _options(args)
+    if args.flower and not args.federated:
+        raise ValueError("--flower applies to --federated (the seed-ledger rounds)")
     if args.federated:
         doc = federated(args, options)
         print(f"federated: {doc['clients']} clients, {doc['rounds']} rounds "

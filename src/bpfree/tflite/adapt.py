@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..progress import show_progress
 from ..classify import load_image
 from ..harness import accuracy, fit, holdout_split
 from ..data.npz import load_npz
@@ -75,7 +76,7 @@ examples:
   bpfree adapt model.tflite --data new_site.npz --out adapted.tflite
   bpfree adapt model.tflite --data new_site.npz --out adapted.tflite --method pmt-sparse \\
       --epochs 5 --queries 20 --json adapt.json
-  bpfree adapt model.tflite --data images/ --out adapted.tflite --method qzo-ff --lr 0.03
+  bpfree adapt model.tflite --data images/ --out adapted.tflite --method qzo-ff
 
 exit status: 0 adapted, 1 the model cannot be adapted (unsupported operator, corrupt file,
 training failure, output not written), 2 usage error.
@@ -366,7 +367,7 @@ def main(args: argparse.Namespace) -> int:
         report = adapt(model, x, y, method=args.method, epochs=args.epochs, queries=queries,
                        lr=args.lr, batch_size=args.batch_size, validation=args.validation,
                        seed=args.seed, eps_codes=args.eps_codes or 1,
-                       progress=not args.quiet)
+                       progress=show_progress(quiet=args.quiet))  # a bar on a terminal only
     except (FloatingPointError, RuntimeError) as err:  # bad labels etc. stay usage errors
         return _failed(f"adaptation failed, {args.out} not written: {err}")
     try:
