@@ -71,7 +71,7 @@ def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs
     assert (prog / SOURCE_FILE).read_bytes() == data
     assert main(["device", "run", str(prog), "--data", str(tmp_path / "data.npz"), "--steps",
                  str(STEPS), "--batch-size", str(BATCH), "--lr", str(LR), "--samples",
-                 str(len(x)), "--json", str(tmp_path / "run.json"), "--out-tflite",
+                 str(len(x)), "--json", str(tmp_path / "run.json"), "--no-rate-check", "--out-tflite",
                  str(out)]) == 0
     sums, trained = _simulated(data, x, y)
     assert json.loads((tmp_path / "run.json").read_text())["loss_sums"] == sums

@@ -25,7 +25,9 @@ def _inputs(pmt, *, adaptive_loss, rival_loss, noise=0.0, mezo_forwards=1000, pm
         last = adaptive_loss if label == "layer-wise adaptive (PMT)" else (
             rival_loss if label == "layer-wise WP" else rival_loss + 1.0)
         curve = [last + noise * (-1) ** i for i in range(6)]
-        abl[label] = {"last_loss": last, "loss": curve, "modes": {"a": "wp", "b": "np"}}
+        # What the ledger reads of a Fig. 7 run: its summary (final loss, the loss's SE).
+        abl[label] = pmt.ablation_summary({"last_loss": last, "loss": curve,
+                                           "modes": {"a": "wp", "b": "np"}})
     cos = {s: {100: (0.1, 0.01)} for s in ("wp-layer", "wp-model", "np-layer", "np-model",
                                            "adaptive")}
     cal = {c: {"strength": 1.0, "trace": [(1.0, 50.0)]} for c in pmt.CORRUPTIONS}
