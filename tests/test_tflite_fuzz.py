@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from bpfree.bench.environment import git_state
 from bpfree import tflite as bt
 from bpfree.quant.params import TensorQuant
 from bpfree.tflite import writer
@@ -310,9 +311,10 @@ def _record(name: str, results: list[dict], **extra) -> dict:
     """Summed outcomes of ``results``; written to ``$BPFREE_FUZZ_RESULTS`` (a JSON file that
     collects one entry per run) when that is set, so a run's counts can be kept."""
     summary = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "git_revision": subprocess.run(["git", "describe", "--always", "--dirty"],
-                                              capture_output=True, text=True,
-                                              cwd=Path(__file__).parent).stdout.strip(),
+               # results/ does not count as dirty (bench's rule): a first run's counts
+               # written there must not mark the next run's revision dirty.
+               "git_revision": git_state(Path(__file__).parent)[0],
+               "dirty": git_state(Path(__file__).parent)[1],
                "mutants": sum(sum(r["counts"].values()) + len(r["bad"]) for r in results),
                "loads_and_runs": sum(r["counts"]["runs"] for r in results),
                "format_errors": sum(r["counts"]["format_error"] for r in results),
