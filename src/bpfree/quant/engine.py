@@ -48,7 +48,7 @@ from .layers import QAdd, QConv2d, QGlobalAvgPool2d, QLinear, QReLU, accumulator
 from .layers.elementwise import QFlatten
 from .stages import QInvertedResidual
 
-__all__ = ["FastStages", "fast_stages", "kernel_library", "ENGINES"]
+__all__ = ["BlockOp", "FastStages", "fast_stages", "kernel_library", "ENGINES"]
 
 log = logging.getLogger(__name__)
 
@@ -356,15 +356,16 @@ def _compile_module(lib, module: nn.Module):
     elif kind is QInvertedResidual:
         add = None if module.add is None else (
             _add_op(lib, module.add) if type(module.add) is QAdd else module.add)
-        return _BlockOp([_compile_module(lib, m) for m in module.body], add)
+        return BlockOp([_compile_module(lib, m) for m in module.body], add)
     elif kind is nn.Sequential:
-        return _BlockOp([_compile_module(lib, m) for m in module], None)
+        return BlockOp([_compile_module(lib, m) for m in module], None)
     return _reference_op(module)
 
 
-class _BlockOp:
+class BlockOp:
     """A stage that is a chain of ops with an optional residual add of its input (MobileNetV2's
-    inverted residual, or a plain Sequential), enterable at any op of the chain."""
+    inverted residual, or a plain Sequential), enterable at any op of the chain. The ops are
+    the compiled kernels here, or the reference modules themselves (``StagedModel``)."""
 
     def __init__(self, body: list, add) -> None:
         self.body = body
@@ -418,10 +419,10 @@ class FastStages:
     def run(self, start: int, x: torch.Tensor, end: int | None = None) -> torch.Tensor:
         return to_nchw(self.run_nhwc(start, to_nhwc(x), end))
 
-    def block(self, k: int) -> _BlockOp | None:
-        """Stage ``k``'s op when it can be entered inside its chain (:class:`_BlockOp`)."""
+    def block(self, k: int) -> BlockOp | None:
+        """Stage ``k``'s op when it can be entered inside its chain (:class:`BlockOp`)."""
         op = self.ops[k]
-        return op if isinstance(op, _BlockOp) else None
+        return op if isinstance(op, BlockOp) else None
 
 
 def fast_stages(stages: list[nn.Module], engine: str = "auto") -> FastStages | None:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .engine import ENGINES, fast_stages, to_nchw, to_nhwc
+from .engine import ENGINES, BlockOp, fast_stages, to_nchw, to_nhwc
 from .layers import QConv2d, QLinear, _check_int8_input
 from .stages import QInvertedResidual
 
@@ -246,6 +246,15 @@ class StagedModel:
             return stage.body
         return stage if type(stage) is nn.Sequential else None
 
+    def _block(self, k: int) -> BlockOp:
+        """Stage ``k`` as a chain enterable at any op: the engine's compiled one, or the same
+        walk over the reference modules (only called where :meth:`_chain` found a chain)."""
+        if self.fast is not None:
+            return self.fast.block(k)
+        stage = self.stages[k]
+        add = stage.add if type(stage) is QInvertedResidual else None
+        return BlockOp(list(self._chain(k)), add)
+
     def entry(self, k: int, module: nn.Module | None = None) -> StageEntry:
         """Where a perturbed forward of ``module`` (a layer of stage ``k``) starts: the input of
         ``module`` inside its stage, computed once from the cached stage input.
@@ -258,15 +267,11 @@ class StagedModel:
         chain = self._chain(k) if module is not None else None
         i = next((j for j, m in enumerate(chain) if m is module), 0) if chain is not None else 0
         x = self.inputs[k]
-        with torch.no_grad():
-            if self.fast is None:
-                inner = x
-                for m in chain[:i] if i else ():
-                    inner = m(inner)
-                return StageEntry(k, i, inner, x)
+        if self.fast is not None:
             _check_int8_input(x)
             x = self._channels_last(x)
-            return StageEntry(k, i, self.fast.block(k).prefix(i, x) if i else x, x)
+        with torch.no_grad():
+            return StageEntry(k, i, self._block(k).prefix(i, x) if i else x, x)
 
     @torch.no_grad()
     def from_entry(self, entry: StageEntry, copies: int = 1) -> torch.Tensor:
@@ -276,19 +281,11 @@ class StagedModel:
         if copies > 1:
             inner = inner.repeat(copies, *[1] * (inner.dim() - 1))
             x = x.repeat(copies, *[1] * (x.dim() - 1)) if i else inner
-        if i == 0:
-            return self._run(k, inner) if self.fast is None else to_nchw(
-                self.fast.run_nhwc(k, inner))
+        if i:  # inside stage k: finish it, then run the stages after it
+            inner, k = self._block(k).from_inner(i, inner, x), k + 1
         if self.fast is None:
-            h = inner
-            for m in self._chain(k)[i:]:
-                h = m(h)
-            stage = self.stages[k]
-            if type(stage) is QInvertedResidual and stage.add is not None:
-                h = stage.add(x, h)
-            return self._run(k + 1, h)
-        h = self.fast.block(k).from_inner(i, inner, x)
-        return to_nchw(self.fast.run_nhwc(k + 1, h))
+            return self._run(k, inner)
+        return to_nchw(self.fast.run_nhwc(k, inner))
 
     @torch.no_grad()
     def refresh_from(self, k: int) -> torch.Tensor:
