@@ -161,6 +161,58 @@ def test_a_cut_off_run_resumes_from_its_finished_tasks(tmp_path):
     assert calls == ["yy"]
 
 
+_DIGEST_SCRIPT = """
+import torch
+from torch import nn
+from bpfree.bench.task_cache import task_digest
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+model.register_buffer("steps", torch.arange(5, dtype=torch.int8))
+data = (torch.rand(6, 1, 8, 8), torch.randint(0, 3, (6,)))
+print(task_digest(("train", dict(model=model, data=data, tags={"alpha", "beta", "gamma"},
+                                 lr=0.1))))
+"""
+
+
+def test_a_task_holding_a_model_has_the_same_cache_key_in_every_process():
+    """A resumed run is a new process: the key of a task holding tensors and a module must not
+    depend on the process (a plain pickle of a tensor embeds torch.save's fresh serialization
+    id, and a set pickles in per-process hash order), or no result is ever found again."""
+    import os
+    import subprocess
+    import sys
+
+    def digest(hash_seed: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run([sys.executable, "-c", _DIGEST_SCRIPT], env=env, check=True,
+                             capture_output=True, text=True)
+        return out.stdout.strip()
+
+    first, second = digest("1"), digest("2")
+    assert len(first) == 64 and first == second
+
+
+def test_the_task_digest_follows_every_tensor_byte_and_setting():
+    import torch
+    from torch import nn
+
+    from bpfree.bench.task_cache import task_digest
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    base = task_digest(("t", model, 0.1))
+    assert task_digest(("t", model, 0.1)) == base
+    assert task_digest(("t", model, 0.2)) != base                 # a setting
+    with torch.no_grad():
+        model.weight[1, 2] += 1e-7                                 # one weight's last bits
+    assert task_digest(("t", model, 0.1)) != base
+    x = torch.zeros(4)
+    assert task_digest(x) != task_digest(x.to(torch.float64))       # dtype
+    assert task_digest(x) != task_digest(x.reshape(2, 2))           # shape
+    assert task_digest(torch.arange(6)[::2]) == task_digest(torch.tensor([0, 2, 4]))  # a view
+    assert task_digest({"b", "a"}) == task_digest({"a", "b"})
+
+
 def test_a_pool_run_stores_each_result_and_reuses_it(tmp_path):
     from bpfree.bench.task_cache import TaskCache
 

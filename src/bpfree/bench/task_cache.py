@@ -8,7 +8,12 @@ it arrives, and a later run of the same benchmark takes it from there instead of
 again.
 
 A result is only reused by the same code on the same task: its file name is a SHA-256 of the
-checkout's git revision, the task function's qualified name and the pickled task. A dirty
+checkout's git revision, the task function's qualified name and the task's
+:func:`task_digest`. That digest must be the same in every process: a plain
+``pickle.dumps`` of a task holding a model is not, because torch pickles each tensor's
+storage through ``torch.save``, whose archive carries a fresh serialization id, so a resumed
+run would never find its own results. Tensors are therefore digested by their dtype, shape
+and bytes. A dirty
 checkout is refused, because the stored results could not be traced to any revision. The
 benchmark's JSON then holds the revision, as always; its ``seconds`` count only the resumed
 run, while each task keeps its own measured time.
@@ -17,6 +22,7 @@ run, while each task keeps its own measured time.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 from collections.abc import Callable
@@ -27,7 +33,7 @@ from typing import Any
 from ..io import atomic_write_bytes
 from .environment import git_state
 
-__all__ = ["ENV", "TaskCache", "from_environment", "memoized"]
+__all__ = ["ENV", "TaskCache", "from_environment", "memoized", "task_digest"]
 
 #: The environment variable that names the cache folder (unset or empty: no cache).
 ENV = "BPFREE_TASK_CACHE"
@@ -47,7 +53,7 @@ class TaskCache:
     def path(self, fn: Callable, task: Any) -> Path:
         name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
         digest = hashlib.sha256()
-        for part in (self.salt.encode(), name.encode(), pickle.dumps(task, protocol=4)):
+        for part in (self.salt.encode(), name.encode(), task_digest(task).encode()):
             digest.update(len(part).to_bytes(8, "little") + part)
         return self.directory / f"{digest.hexdigest()}.pkl"
 
@@ -69,6 +75,43 @@ class TaskCache:
         """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file)."""
         atomic_write_bytes(self.path(fn, task), pickle.dumps(value, protocol=4),
                            what=f"${ENV}")
+
+
+class _DigestPickler(pickle._Pickler):  # the Python pickler: it asks reducer_override for sets
+    """A pickler that writes each tensor (and storage) as a reference to its content's digest
+    instead of pickling it, and sets in sorted order, so equal tasks give equal bytes in any
+    process."""
+
+    def persistent_id(self, obj: Any):
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            if t.is_sparse or t.layout != torch.strided:
+                t = t.to_dense()
+            data = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() \
+                if t.numel() else b""
+            return ("tensor", type(obj).__qualname__, str(t.dtype), tuple(t.shape),
+                    bool(obj.requires_grad), hashlib.sha256(data).hexdigest())
+        if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):
+            untyped = obj.untyped() if isinstance(obj, torch.TypedStorage) else obj
+            data = bytes(untyped.cpu()) if untyped.nbytes() else b""
+            return ("storage", type(obj).__qualname__, hashlib.sha256(data).hexdigest())
+        return None
+
+    def reducer_override(self, obj: Any):
+        # A set pickles in hash order, which string hashing randomizes per process.
+        if type(obj) in (set, frozenset):
+            return type(obj), (sorted(obj, key=repr),)
+        return NotImplemented
+
+
+def task_digest(task: Any) -> str:
+    """A SHA-256 of ``task`` that is the same in every process for equal tasks: the task
+    pickled, with every tensor replaced by its dtype, shape and a digest of its bytes."""
+    buffer = io.BytesIO()
+    _DigestPickler(buffer, protocol=4).dump(task)
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
 def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable[[], Any]) -> Any:
