@@ -21,6 +21,8 @@ from typing import Protocol
 
 import torch
 
+from .checkpoint.resume import next_fit_snapshot
+from .checkpoint.rng import capture_rng_state, restore_rng_state
 from .progress import logger, progress_bar
 from .plotting import pyplot, save_figure  # matplotlib itself loads only to draw
 
@@ -244,6 +246,10 @@ def fit(method: Method, x: torch.Tensor | Iterable, y: torch.Tensor | None = Non
     ``on_nonfinite="stop"`` closes the epoch and returns the history so far with
     ``diverged`` set; a step whose output satisfies ``nonfinite_ok(out)`` (central CGE,
     which never evaluates θ, reports NaN by design) is recorded instead.
+
+    Inside a benchmark task run under a task cache (``BPFREE_TASK_CACHE``), every epoch's end
+    saves a snapshot, and a task cut off and run again resumes after its last finished epoch
+    with the same bits as an uninterrupted run (:mod:`bpfree.checkpoint.resume`).
     """
     _check_fit_options(schedule, schedule_unit, on_nonfinite, x_val, y_val, keep_best,
                        max_steps_per_epoch)
@@ -284,11 +290,34 @@ def fit(method: Method, x: torch.Tensor | Iterable, y: torch.Tensor | None = Non
     history = History()
     best_state = None
     t0 = time.perf_counter()
-    bar = progress_bar(total, "train", progress, quiet)
     kind = schedule if isinstance(schedule, str) else "callable"
     log.debug("fit: %s epochs of %s steps, lr %g, schedule %s", epochs, steps or "?", lr, kind)
     step = 0
+    # Inside a cached benchmark task, resume from the last epoch snapshot (checkpoint.resume).
+    snapshot = next_fit_snapshot()
+    signature = (epochs, batch_size, float(lr), kind, schedule_unit, seed, steps,
+                 None if not isinstance(x, torch.Tensor) else tuple(x.shape), keep_best)
+    done_epochs = 0
+    if snapshot is not None:
+        saved = snapshot.load(method, model) if isinstance(model, torch.nn.Module) else None
+        if saved is not None and saved["signature"] == signature:
+            history, best_state, step = saved["history"], saved["best_state"], saved["step"]
+            done_epochs = saved["epoch"] + 1
+            restore_rng_state(saved["rng"])
+            t0 -= saved["seconds"]
+            log.info("fit: resumed after epoch %d of %d from %s", done_epochs, epochs,
+                     snapshot.path)
+        elif saved is not None:
+            raise RuntimeError(f"the epoch snapshot {snapshot.path} belongs to another fit "
+                               f"call ({saved['signature']} != {signature}); delete it")
+    bar = progress_bar(total, "train", progress, quiet)
+    bar.update(step)
     for epoch, stream in enumerate(epoch_batches):
+        if epoch < done_epochs or history.diverged is not None:
+            if isinstance(x, torch.Tensor):
+                for _ in stream:  # replay the batch order's draws (a loader's are global RNG)
+                    pass
+            continue
         losses, first_rate = [], None
         for k, item in enumerate(stream):
             if steps is not None and k >= steps:
@@ -351,6 +380,11 @@ def fit(method: Method, x: torch.Tensor | Iterable, y: torch.Tensor | None = Non
             if keep_best and history.val_acc[-1] > max(history.val_acc[:-1], default=-math.inf):
                 best_state = copy.deepcopy(model.state_dict())
                 history.best_epoch = len(history.val_acc) - 1
+        if snapshot is not None and isinstance(model, torch.nn.Module):
+            snapshot.save({"signature": signature, "epoch": epoch, "step": step,
+                           "history": history, "best_state": best_state,
+                           "rng": capture_rng_state(), "seconds": time.perf_counter() - t0},
+                          method, model)
         if history.diverged is not None:
             break
     bar.close()

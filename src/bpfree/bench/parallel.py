@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import functools
 import multiprocessing
 import os
 import signal
@@ -21,7 +22,7 @@ import torch
 
 from ..progress import progress_bar
 from .environment import cpu_model
-from .task_cache import TaskCache
+from .task_cache import TaskCache, run_resumable
 
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
 
@@ -85,6 +86,13 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
                 results[k] = value
         keys = [k for k in keys if k not in results]
 
+    def runnable(k) -> tuple[Callable, Any]:
+        # Under a cache, each task saves epoch snapshots, so a cut-off long run resumes
+        # inside itself, not only at the next task (checkpoint.resume).
+        if cache is None:
+            return fn, tasks[k]
+        return functools.partial(run_resumable, fn, cache.snapshot_dir(fn, tasks[k])), tasks[k]
+
     def finished(k, value) -> None:
         results[k] = value
         if cache is not None:
@@ -95,7 +103,8 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
     try:
         if workers <= 1:
             for k in keys:
-                finished(k, fn(tasks[k]))
+                call, task = runnable(k)
+                finished(k, call(task))
             return results
         # At most two tasks per worker in flight: each submitted task's tensors are shared
         # through a file descriptor until a worker unpickles it, and a hundred queued tasks
@@ -107,7 +116,7 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
             def submit_next() -> None:
                 key = next(pending, None)
                 if key is not None:
-                    futures[pool.submit(fn, tasks[key])] = key
+                    futures[pool.submit(*runnable(key))] = key
 
             for _ in range(2 * workers):
                 submit_next()

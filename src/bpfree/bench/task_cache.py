@@ -25,15 +25,17 @@ import hashlib
 import io
 import os
 import pickle
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.resume import FitSnapshots, active
 from ..io import atomic_write_bytes
 from .environment import git_state
 
-__all__ = ["ENV", "TaskCache", "from_environment", "memoized", "task_digest"]
+__all__ = ["ENV", "TaskCache", "from_environment", "memoized", "run_resumable", "task_digest"]
 
 #: The environment variable that names the cache folder (unset or empty: no cache).
 ENV = "BPFREE_TASK_CACHE"
@@ -72,9 +74,23 @@ class TaskCache:
         return True, value
 
     def store(self, fn: Callable, task: Any, value: Any) -> None:
-        """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file)."""
+        """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file), and
+        drop the task's epoch snapshots, which only a cut-off run needs."""
         atomic_write_bytes(self.path(fn, task), pickle.dumps(value, protocol=4),
                            what=f"${ENV}")
+        shutil.rmtree(self.snapshot_dir(fn, task), ignore_errors=True)
+
+    def snapshot_dir(self, fn: Callable, task: Any) -> Path:
+        """The folder of ``fn(task)``'s epoch snapshots (:mod:`bpfree.checkpoint.resume`)."""
+        return self.path(fn, task).with_suffix(".epochs")
+
+
+def run_resumable(fn: Callable, snapshot_dir: str | os.PathLike, task: Any) -> Any:
+    """``fn(task)`` with ``snapshot_dir`` as its epoch snapshot folder: every
+    :func:`bpfree.harness.fit` inside saves each epoch there and resumes from it (a pool
+    worker's entry point; module-level so that it pickles)."""
+    with active(FitSnapshots(snapshot_dir)):
+        return fn(task)
 
 
 class _DigestPickler(pickle._Pickler):  # the Python pickler: it asks reducer_override for sets
@@ -127,7 +143,8 @@ def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable
     found, value = cache.load(fn, task)
     if found:
         return value
-    value = compute()
+    with active(FitSnapshots(cache.snapshot_dir(fn, task))):
+        value = compute()
     cache.store(fn, task, value)
     return value
 

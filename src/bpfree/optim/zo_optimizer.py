@@ -141,6 +141,12 @@ class ZOOptimizer(torch.optim.Optimizer):
             batched weight perturbation (memory bound).
     """
 
+    def __getstate__(self) -> dict:
+        # torch.optim.Optimizer pickles only defaults, state and param_groups; this optimizer's
+        # own settings (distribution, mode, seeds, counters) must survive a pickle too (an
+        # epoch snapshot of a training run pickles its method: checkpoint.resume).
+        return self.__dict__.copy()
+
     def __init__(self, params, lr: float = 1e-3, *, estimator="rge", distribution="rademacher",
                  transforms=(), schedule=None, mode: str = "lean", seed: int = 0,
                  chunk_size: int = 64) -> None:

@@ -160,6 +160,20 @@ class StagedModel:
         self.engine = "fast" if self.fast is not None else "reference"
         self._nhwc: tuple | None = None
 
+    def __getstate__(self) -> dict:
+        # The compiled kernels are ctypes handles, which do not pickle (an epoch snapshot,
+        # checkpoint.resume, pickles the trainer): a copy rebuilds them from its stages.
+        state = dict(self.__dict__, fast=None, _nhwc=None)
+        state["_had_fast"] = self.fast is not None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        had_fast = state.pop("_had_fast", False)
+        self.__dict__.update(state)
+        if had_fast:
+            self.fast = fast_stages(self.stages, "auto")
+            self.engine = "fast" if self.fast is not None else "reference"
+
     def _run(self, start: int, h: torch.Tensor, end: int | None = None) -> torch.Tensor:
         """Stages ``start .. end - 1`` on ``h`` (NCHW int8), on the fast path when there is one."""
         if self.fast is None:
