@@ -53,6 +53,12 @@ CONVS = [
     dict(c_in=24, c_out=24, k=5, padding=2, groups=24, zp_in=127),
     dict(c_in=6, c_out=12, k=3, padding=1, groups=3),              # grouped: reference path
     dict(c_in=72, c_out=80, k=1),                                  # more than one tile
+    dict(c_in=13, c_out=24, k=1),                                  # rows kernel, odd K
+    dict(c_in=40, c_out=64, k=1, zp_in=-128),                      # rows kernel, 8 blocks
+    dict(c_in=7, c_out=8, k=1, activation=None),                   # rows kernel, K < 8
+    dict(c_in=32, c_out=32, k=3, stride=2, padding=1, groups=32),  # depthwise interior, s2
+    dict(c_in=16, c_out=16, k=3, padding=2, dilation=2, groups=16),  # depthwise, dilated
+    dict(c_in=8, c_out=8, k=3, padding=0, groups=8, zp_in=127),    # depthwise, no border
 ]
 
 
@@ -71,6 +77,37 @@ def test_conv_extreme_inputs_and_saturating_weights():
     layer.weight.copy_(torch.where(layer.weight > 0, 127, -128).to(torch.int8))
     for fill in (-128, 127, 0):
         x = torch.full((2, 32, 5, 5), fill, dtype=torch.int8)
+        assert torch.equal(_fast(layer).run(0, x), layer(x))
+
+
+@pytest.mark.parametrize("groups,k", [(32, 3), (1, 1)])  # depthwise interior, point-wise rows
+def test_fast_kernels_at_the_int8_extremes(groups, k):
+    """The rows kernel and the depthwise interior (which subtracts z_x sum w once instead of
+    z_x per tap) at saturating weights and inputs, on both zero-point extremes."""
+    gen = torch.Generator().manual_seed(3)
+    for zp_in in (-128, 127):
+        layer = _conv(gen, 32, 32, k, padding=k // 2, groups=groups, zp_in=zp_in, out_scale=0.5)
+        layer.weight.copy_(torch.where(layer.weight > 0, 127, -128).to(torch.int8))
+        for fill in (-128, 127, 0):
+            x = torch.full((2, 32, 6, 6), fill, dtype=torch.int8)
+            assert torch.equal(_fast(layer).run(0, x), layer(x))
+
+
+@pytest.mark.parametrize("rule", ["reference", "litert"])
+@pytest.mark.parametrize("hw,scales,zps", [
+    ((4, 4), (0.05, 0.02), (-128, 3)),     # M > 1: a left shift
+    ((7, 7), (0.02, 0.05), (127, -128)),   # odd count
+    ((14, 14), (0.01, 0.01), (0, 0)),      # M = 1
+    ((1, 1), (0.3, 0.007), (-5, 100)),     # one position, large M
+])
+def test_global_average_pool_matches_reference(rule, hw, scales, zps):
+    from bpfree.quant.layers import QGlobalAvgPool2d
+
+    gen = torch.Generator().manual_seed(len(rule) * 100 + hw[0])
+    layer = QGlobalAvgPool2d(TensorQuant(scales[0], zps[0]), TensorQuant(scales[1], zps[1]),
+                             rule=rule, keepdim=hw == (7, 7))
+    for x in (_int8(3, 24, *hw, gen=gen), torch.full((2, 8, *hw), -128, dtype=torch.int8),
+              torch.full((2, 8, *hw), 127, dtype=torch.int8)):
         assert torch.equal(_fast(layer).run(0, x), layer(x))
 
 

@@ -119,19 +119,39 @@ static inline int32_t bpf_mbqm_k(const bpf_requant *q, int32_t x) {
  * sum are SaturatingRoundingDoublingHighMul's h (never capped), and a logical shift gives the
  * same low 32 bits as the arithmetic one. RoundingDivideByPOT is gemmlowp's overflow-free
  * form (h >> r) + (rem > (mask >> 1) + (h < 0)). */
-static inline __m256i bpf_mbqm8(__m256i v, __m256i m, __m256i r) {
+static inline __m256i bpf_mbqm8_k(__m256i v, __m256i m, __m256i m_odd, __m256i r,
+                                  __m256i mask, __m256i half) {
     __m256i nudge = _mm256_set1_epi64x((int64_t)1 << 30);
     __m256i even = _mm256_srli_epi64(_mm256_add_epi64(_mm256_mul_epi32(v, m), nudge), 31);
-    __m256i odd = _mm256_add_epi64(
-        _mm256_mul_epi32(_mm256_srli_epi64(v, 32), _mm256_srli_epi64(m, 32)), nudge);
+    __m256i odd = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(v, 32), m_odd), nudge);
     odd = _mm256_slli_epi64(_mm256_srli_epi64(odd, 31), 32);
     __m256i h = _mm256_blend_epi32(even, odd, 0xAA);
-    __m256i mask = _mm256_sub_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(1), r),
-                                    _mm256_set1_epi32(1));
     __m256i rem = _mm256_and_si256(h, mask);
-    __m256i thr = _mm256_add_epi32(_mm256_srai_epi32(mask, 1), _mm256_srli_epi32(h, 31));
+    __m256i thr = _mm256_add_epi32(half, _mm256_srli_epi32(h, 31));
     __m256i up = _mm256_srli_epi32(_mm256_cmpgt_epi32(rem, thr), 31);
     return _mm256_add_epi32(_mm256_srav_epi32(h, r), up);
+}
+
+/* The per-lane constants of bpf_mbqm8_k that depend only on m and r: m's odd lanes moved
+ * down, the remainder mask 2^r - 1 and its half. A kernel that requantizes many vectors
+ * with the same channels computes them once. */
+typedef struct {
+    __m256i m, m_odd, r, mask, half;
+} bpf_mbqm8_consts;
+
+static inline bpf_mbqm8_consts bpf_mbqm8_prepare(__m256i m, __m256i r) {
+    bpf_mbqm8_consts k;
+    k.m = m;
+    k.m_odd = _mm256_srli_epi64(m, 32);
+    k.r = r;
+    k.mask = _mm256_sub_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(1), r), _mm256_set1_epi32(1));
+    k.half = _mm256_srai_epi32(k.mask, 1);
+    return k;
+}
+
+static inline __m256i bpf_mbqm8(__m256i v, __m256i m, __m256i r) {
+    bpf_mbqm8_consts k = bpf_mbqm8_prepare(m, r);
+    return bpf_mbqm8_k(v, k.m, k.m_odd, k.r, k.mask, k.half);
 }
 
 /* Eight int32 lanes clamped to [lo, hi] (within int8) and stored as eight int8. */
