@@ -27,7 +27,8 @@ from pathlib import Path
 
 from bpfree.bench.claims import (UNDECIDED, all_hold, claim, exceeds, order, se_from_std,
                                  tolerance, within)
-from bpfree.bench.parallel import default_workers, spawn_pool
+from bpfree.bench.parallel import default_workers, run_keyed
+from bpfree.bench.task_cache import from_environment as task_cache
 from bpfree.plotting import pyplot, save_figure
 from bpfree.tinyfoa.variants import TABLE1 as TABLE1_NAMES
 
@@ -87,6 +88,11 @@ RECIPES = {"paper text": (dict(), None),
                                   schedule="diagonal-freeze"), 3e-3)}
 AUTHORS = "authors' code"
 T_WIDTH = "Diagnostic: the paper's hidden width 2048 on MNIST (FC, M=2)"
+#: The recipe a memory claim judges: the §3 rules count the paper text's schedule.
+RULES_RECIPE = ("Recipe judged: the paper text's schedule, one of the M² slices (M kernel "
+                "groups for LC) trained per phase; the authors' code, which freezes one "
+                "diagonal block and trains the rest, keeps (M² - 1)/M² of a layer's gradient "
+                "live, which these rules do not count.")
 T_LR = "Learning rates (chosen on the validation split)"
 T_DEVICE = "On-device learning (§4): TinyFoA's training memory per phase at M=16"
 #: §4 "On-Device Learning": TinyFoA's FC at M = 16 (forward, gradient, update, MB) and the
@@ -129,9 +135,13 @@ def _settings(quick: bool) -> dict:
     (per layer when greedy) of the regime diagnostic (:data:`REGIMES`), on MNIST; ``sweep_train`` / ``sweep_epochs``: the
     image-set learning-rate sweep's training images and epochs (None: as the final runs).
 
-    Full mode fits about 2.5 h on 2 cores: MNIST and MIT-BIH only (the paper reports no
-    Fashion-MNIST), 8 epochs (MIT-BIH 30), the sweep on 10,000 images for 2 epochs
-    (MIT-BIH's sweep runs at the full budget; it is cheap)."""
+    Full mode: MNIST and MIT-BIH only (the paper reports no Fashion-MNIST), 8 epochs
+    (MIT-BIH 30), the sweep on 10,000 images for 2 epochs (MIT-BIH's sweep runs at the full
+    budget; it is cheap); ``recipes``: the FC TinyFoA rows of Tables 1-2 under both
+    :data:`RECIPES`; ``wide``: TinyFoA on MNIST at the paper's width under both. The run at
+    f2c2493 (one recipe, no width 2048) took 1.2 h on 2 cores; the recipes and the width add
+    about 5.2 CPU hours (docs/PAPERS.md, "TinyFoA: two recipes"): resume it with
+    ``BPFREE_TASK_CACHE``."""
     if quick:
         return dict(train=8000, val=2000, test=2000, width=256, epochs=3, batch=64,
                     seeds=(0, 1, 2), lr_grid=(1 / 3, 1.0, 3.0),
@@ -171,6 +181,14 @@ def recipe_job(job: dict, recipe: str) -> dict:
 def recipe_setting(dataset: str) -> str:
     """The setting of a Table 1-2 row trained under the authors' recipe."""
     return f"{dataset}; authors' code recipe (Adam, greedy layer-wise, frozen diagonal block)"
+
+
+def width_setting(cfg: dict, recipe: str) -> str:
+    """The setting of a :data:`T_WIDTH` row: TinyFoA on MNIST at ``cfg["wide"]``'s width under
+    ``recipe``, everything else as the width-``cfg["width"]`` run of that recipe."""
+    head = (f"hidden width {cfg['wide']['width']} (the runs': {cfg['width']}), "
+            f"{cfg['epochs']} epochs, the width-{cfg['width']} rate, ")
+    return head + ("paper text's recipe" if recipe == "paper text" else recipe_setting("MNIST"))
 
 
 def _recipe_keys(table_keys, cfg) -> list[tuple]:
@@ -303,11 +321,12 @@ def _pm(mean_std: tuple[float, float]) -> str:
     return f"{mean_std[0]:.2f} ± {mean_std[1]:.2f}"
 
 
-def budget_note(cfg: dict, recipe: str = "paper text") -> str:
+def budget_note(cfg: dict, recipe: str = "paper text", beside: bool | None = None) -> str:
     """The note of every claim: how the runs fall below the paper's budget and which recipe
-    (:data:`RECIPES`) the claim judges."""
+    (:data:`RECIPES`) the claim judges. ``beside``: whether the run has TinyFoA rows under the
+    authors' recipe too (None: whether ``cfg``'s mode trains them)."""
     n = len(cfg["seeds"])
-    both = AUTHORS in cfg.get("recipes", ())
+    both = AUTHORS in cfg.get("recipes", ()) if beside is None else beside
     judged = ("Recipe judged: the paper text's (Eq. 3 SGD, every layer at once, one of M² "
               "slices per phase)" if recipe == "paper text" else
               "Recipe judged: the authors' code's (Adam, greedy layer-wise, frozen diagonal "
@@ -333,7 +352,9 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
     every = (f"on every dataset run here ({ran}; the paper's {', '.join(PAPER_DATASETS)} "
              f"also has {missing}, not on hand)")
     every2 = every.replace(ran, ", ".join(t2)) if t2 != t1 else every
-    below = budget_note(cfg)
+    has_authors = (("Table 1", "TinyFoA", recipe_setting("MNIST"), "error (%)") in r.rows
+                   and AUTHORS in cfg.get("recipes", ()))
+    below = budget_note(cfg, beside=has_authors)
 
     def table_of(name):
         return "Table 1" if name in TABLE1_NAMES else "Table 2"
@@ -365,11 +386,8 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
         "yardstick: where BP is far off, the budget is)",
         paper=PAPER_MNIST["BP"], ours=_pm(bp),
         holds=within(bp[0] - PAPER_MNIST["BP"], CLOSE, 2 * se("BP", "MNIST")), note=below))
-    try:  # a run without the authors' recipe rows (the committed one predates them)
+    if has_authors:  # a run without the authors' recipe rows (the committed one predates them)
         authors = r.err("Table 1", "TinyFoA", recipe_setting("MNIST"))
-    except KeyError:
-        authors = None
-    if AUTHORS in cfg.get("recipes", ()) and authors is not None:
         out.append(claim(
             "tinyfoa-t1-error-mnist-authors-recipe", "Table 1 (TinyFoA, MNIST)",
             "Under the authors' code recipe (Adam, greedy layer-wise, frozen diagonal block), "
@@ -378,6 +396,7 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
             holds=within(authors[0] - PAPER_MNIST["TinyFoA"], CLOSE,
                          2 * se_from_std(authors[1], n)),
             note=budget_note(cfg, AUTHORS)))
+    out += width_claims(r, cfg)
     beats = {(ds, m): lower("TinyFoA", m, ds) for ds in t1 for m in FORWARD_ONLY_BWBA}
     worse = {ds: [m for m in FORWARD_ONLY_BWBA if beats[(ds, m)] is not True] for ds in t1}
     eq_note = ""
@@ -472,7 +491,8 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
         holds=all(abs(x["value"] - x["paper"]) <= MEM_TOL_MB for x in cells),
         note="the rules (bpfree.tinyfoa.accounting) were written to reproduce these cells, "
              "so the match is not independent evidence; tinyfoa-memory-second-network "
-             "checks them on a network the paper does not list", kind="engineering"))
+             "checks them on a network the paper does not list. " + RULES_RECIPE,
+        kind="engineering"))
     checks = [(x["setting"], x["value"], r.value(T_MEMCHECK, x["method"], x["setting"],
                                                  "measured step peak (MB)"))
               for x in r.find(T_MEMCHECK, "rule gradient (MB)")]
@@ -485,7 +505,7 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
                        f"{b:.2f} MB" for s, a, b in checks),
         holds=bool(checks) and all(abs(b - a) <= MEM_REL * a for _, a, b in checks),
         note="5×1024 FC, batch 1, full-precision weights and activations (every tensor "
-             "lives in torch); bpfree.memory.measure_peak"))
+             "lives in torch); bpfree.memory.measure_peak. " + RULES_RECIPE))
     for flag, col, what in (("BW", 1, "binary weights"), ("BA", 2, "binary activations")):
         raised = {(alg, ds): lower(rows3[0], rows3[col], ds)
                   for ds in t2 for alg, rows3 in SCHEMES.items()}
@@ -527,7 +547,7 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
         ours=" / ".join(f"{b / a:.1f}×" for a, b in zip(lc_mem["TinyFoA"],
                                                         lc_mem["BP+BW+BA+V"])) + " less",
         holds=all(a < b for a, b in zip(lc_mem["TinyFoA"], lc_mem["BP+BW+BA+V"])),
-        note="the §3 rules on our LC network"))
+        note="the §3 rules on our LC network. " + RULES_RECIPE))
     fig4 = {arch: [(x["setting"], x["value"]) for x in r.find("Fig. 4", "error (%)")
                    if f", {arch}, " in x["setting"]] for arch in ("FC", "LC")}
 
@@ -578,6 +598,34 @@ def ledger(rows: list[dict], *, quick: bool, cfg: dict) -> list[dict]:
     return out
 
 
+def width_claims(r: _Rows, cfg: dict) -> list[dict]:
+    """Per recipe whose run has a :data:`T_WIDTH` row: at the paper's hidden width (2048),
+    everything else as the width-``cfg["width"]`` run, TinyFoA's MNIST error is within 1 point
+    of Table 1's. The note gives the width-``cfg["width"]`` error beside it (width isolated)."""
+    out = []
+    if not cfg.get("wide"):
+        return out
+    n, wide, paper = len(cfg["seeds"]), cfg["wide"]["width"], PAPER_MNIST["TinyFoA"]
+    for recipe, suffix in (("paper text", ""), (AUTHORS, "-authors-recipe")):
+        setting = width_setting(cfg, recipe)
+        if (T_WIDTH, "TinyFoA", setting, "error (%)") not in r.rows:
+            continue
+        err = r.err(T_WIDTH, "TinyFoA", setting)
+        narrow = r.value(T_WIDTH, "TinyFoA", setting, f"error at width {cfg['width']} (%)")
+        named = ("the paper text's recipe (Eq. 3 SGD)" if recipe == "paper text" else
+                 "the authors' code recipe (Adam, greedy layer-wise, frozen diagonal block)")
+        out.append(claim(
+            f"tinyfoa-t1-error-mnist-width{wide}{suffix}", "Table 1 (TinyFoA, MNIST)",
+            f"At the paper's hidden width {wide} under {named}, TinyFoA's MNIST test error is "
+            "within 1 point of the paper's",
+            paper=paper, ours=f"{_pm(err)} (width {cfg['width']}, same recipe: {narrow:.2f})",
+            holds=within(err[0] - paper, CLOSE, 2 * se_from_std(err[1], n)),
+            note=budget_note(dict(cfg, width=wide), recipe, beside=False)
+            + f" Width isolated: the width-{cfg['width']} run's recipe, epochs, seeds and "
+            "learning rate (no rate search at this width)."))
+    return out
+
+
 def on_device_claim(r: _Rows) -> dict:
     """§4 "On-Device Learning": at M = 16 every training phase of TinyFoA's FC network (the
     paper's 4 x 2048) fits the STM32F7's 512 KB of RAM, by bpfree's memory rules (no linked
@@ -601,7 +649,8 @@ def on_device_claim(r: _Rows) -> dict:
         holds=max(mb.values()) <= STM32F7_RAM_MB,
         note="bpfree.tinyfoa.accounting's rules (no TinyFoA program is linked); our LC net "
              "at M = 16: " + " / ".join(f"{lc[p] * 1024:.1f}" for p in PHASES) + " KB. The "
-             "rules count MB as 2^20 bytes; code, stack and the input buffer are not counted")
+             "rules count MB as 2^20 bytes; code, stack and the input buffer are not counted. "
+             + RULES_RECIPE)
 
 
 #: The datasets of the paper's Tables 1-2.
@@ -638,7 +687,9 @@ def baseline_sanity(r: _Rows, datasets: list[str], n: int) -> list[dict]:
             ours="; ".join(f"{ds}: error {err:.2f} ± {std:.2f} % (chance {CHANCE[ds]:g})"
                            for ds, err, std in cells),
             holds=all(verdicts),
-            note="training loss and start accuracy not recorded: chance stands for the start",
+            note="training loss and start accuracy not recorded: chance stands for the start. "
+                 "Recipe judged: plain SGD at the searched rate, the baselines' only recipe "
+                 "(the authors' code recipe is TinyFoA's)",
             kind="sanity"))
     return out
 
@@ -654,138 +705,176 @@ def ledger_from_result(document: dict) -> list[dict]:
                                        if row["table"] == table and row["setting"] in names))
     return ledger(document["rows"], quick=document["quick"], cfg=cfg)
 
+def _common(cfg: dict) -> dict:
+    """The keys every image-set job shares (sample counts, width, batch, slice visits)."""
+    return dict(train=cfg["train"], test=cfg["test"], width=cfg["width"], batch=cfg["batch"],
+                visits=cfg["visits"])
+
+
+def _budget(cfg: dict, ds: str) -> dict:
+    """A final run's data budget on ``ds``: MIT-BIH uses every training beat less the
+    validation beats and its own epochs; the image sets ``cfg``'s."""
+    if ds == "mitbih":
+        return dict(train=None, test=None, val=cfg["mitbih_val"], epochs=cfg["mitbih_epochs"])
+    return dict(val=cfg["val"], epochs=cfg["epochs"])
+
+
+def table_keys(cfg: dict) -> list[tuple]:
+    """(arch, dataset, method) trained at M = 2 for Tables 1-3."""
+    from bpfree.tinyfoa import TABLE1, TABLE2, TABLE3
+
+    keys = [_key("fc", ds, name) for ds in cfg["datasets"]
+            for name in (*TABLE1, *(n for n in TABLE2 if ds in cfg["table2_datasets"]))]
+    return keys + [_key("lc", "mnist", name) for name in TABLE3]
+
+
+def regime_job(cfg: dict, label: str, lr: float, seed: int, eval_on: str) -> dict:
+    """One run of the regime diagnostic (:data:`REGIMES`): MNIST, FC, M = 2, ``cfg["regime"]``'s
+    images and epochs (per layer when greedy); the authors' code changes the frozen block
+    once an epoch."""
+    kw, _ = REGIMES[label]
+    reg = cfg["regime"]
+    epochs = reg["epochs"] * (4 if kw.get("layerwise", False) else 1)
+    return dict(_common(cfg), train=reg["train"], val=cfg["val"], dataset="mnist",
+                method="TinyFoA", arch="fc", m=2, seed=seed, lr=lr, epochs=epochs,
+                exchanges=epochs if kw.get("schedule") == "diagonal-freeze" else None,
+                eval_on=eval_on, group="regime", regime=label, **kw)
+
+
+def sweep_jobs(cfg: dict, keys: list[tuple]) -> list[dict]:
+    """Stage 1, the learning-rate search: every (arch, dataset, method) of ``keys`` at its
+    grid centre × ``lr_grid`` (the authors' recipe at its own centre), every regime of the
+    diagnostic, seed 0, scored on the validation split; the test split is not read."""
+    from _tinyfoa_experiment import default_lr
+
+    def grid(arch, ds, name, centre):
+        budget = _budget(cfg, ds)
+        if ds != "mitbih":
+            budget.update(train=cfg["sweep_train"] or cfg["train"],
+                          epochs=cfg["sweep_epochs"] or cfg["epochs"])
+        return [dict(_common(cfg), **budget, dataset=ds, method=name, arch=arch, m=2, seed=0,
+                     exchanges=None, lr=centre * mult, eval_on="val", group="sweep")
+                for mult in cfg["lr_grid"]]
+
+    jobs = []
+    for arch, ds, name in keys:
+        jobs += grid(arch, ds, name, default_lr(name, ds))
+    for label, (_, centre) in REGIMES.items():
+        jobs += [regime_job(cfg, label, centre * mult, 0, "val") for mult in cfg["lr_grid"]]
+    for arch, ds, name in _recipe_keys(keys, cfg):
+        jobs += [recipe_job(job, AUTHORS) for job in grid(arch, ds, name, RECIPES[AUTHORS][1])]
+    return jobs
+
+
+def test_jobs(cfg: dict, keys: list[tuple], lrs: dict, authors_lrs: dict,
+              regime_lrs: dict) -> list[dict]:
+    """Stage 2, the runs scored on the test split, at the rates stage 1 chose: Tables 1-3
+    (group ``t1`` / ``t3``), the authors' recipe beside them (``t1a``), Fig. 4 (``m``), Fig. 5
+    (``fE`` / ``f2``), the diagnostics (``equal``, ``regime``) and the paper's width on MNIST
+    under both recipes (``wide`` / ``widea``: the width-512 job with only its width changed,
+    at the width-512 run's rate; there is no sweep at 2048)."""
+    common = _common(cfg)
+    fc_lr, lc_lr = lrs[_key("fc", "mnist", "TinyFoA")], lrs[_key("lc", "mnist", "TinyFoA")]
+    authors = _recipe_keys(keys, cfg)
+
+    def final(arch, ds, name, seed, group):
+        return dict(common, **_budget(cfg, ds), dataset=ds, method=name, arch=arch, m=2,
+                    seed=seed, exchanges=None, lr=lrs[_key(arch, ds, name)], group=group)
+
+    jobs = [final(arch, ds, name, s, "t3" if arch == "lc" else "t1")
+            for arch, ds, name in keys for s in cfg["seeds"]]
+    for arch, lr in (("fc", fc_lr), ("lc", lc_lr)):
+        for m in (2, 4, 8, 16):
+            jobs += [dict(common, val=cfg["val"], dataset="mnist", method="TinyFoA", arch=arch,
+                          m=m, seed=s, lr=lr, epochs=_slices_epochs(cfg, arch, m),
+                          exchanges=None, group="m") for s in cfg["seeds"]]
+        for f in ("E", 2):
+            e = cfg["ablation_epochs"]
+            jobs += [dict(common, val=cfg["val"], dataset="mnist", method="TinyFoA", arch=arch,
+                          m=2, seed=s, lr=lr, epochs=e, exchanges=e if f == "E" else 2,
+                          group=f"f{f}") for s in cfg["seeds"]]
+    if cfg["equal_updates"]:
+        # diagnostic: TinyFoA with M² = 4 times the epochs, so that each FC slice gets as many
+        # steps as TinyFoA-V's whole layer (Table 1's comparison at equal updates)
+        jobs += [dict(common, val=cfg["val"], dataset="mnist", method="TinyFoA", arch="fc",
+                      m=2, seed=s, lr=fc_lr, epochs=4 * cfg["epochs"], exchanges=None,
+                      group="equal") for s in cfg["seeds"]]
+    jobs += [regime_job(cfg, label, regime_lrs[label], s, "test") for label in REGIMES
+             for s in cfg["seeds"]]
+    for arch, ds, name in authors:
+        jobs += [recipe_job(dict(final(arch, ds, name, s, "t1a"),
+                                 lr=authors_lrs[_key(arch, ds, name)]), AUTHORS)
+                 for s in cfg["seeds"]]
+    if cfg["wide"]:
+        wide = cfg["wide"]["width"]
+        for name in cfg["wide"]["methods"]:
+            jobs += [dict(final("fc", "mnist", name, s, "wide"), width=wide)
+                     for s in cfg["seeds"]]
+            if ("fc", "mnist", name) in authors:
+                jobs += [recipe_job(dict(final("fc", "mnist", name, s, "widea"), width=wide,
+                                         lr=authors_lrs[_key("fc", "mnist", name)]), AUTHORS)
+                         for s in cfg["seeds"]]
+    return jobs
+
+
+def job_cost(job: dict) -> float:
+    """A job's relative cost, to start the longest first (the pool should not end on one long
+    straggler): epochs × training samples × (width / 512)² (FC steps grow with the square of
+    the width; MIT-BIH's 2,568 training beats when ``train`` is None)."""
+    return job["epochs"] * (job["train"] or 2568) * (job["width"] / 512) ** 2
+
+
+def _run_jobs(jobs: list[dict], workers: int, cache, label: str) -> list[tuple[dict, float]]:
+    """``run_job`` on every job, longest first, in ``workers`` processes; with ``cache``
+    ($BPFREE_TASK_CACHE) a finished job is stored at once and not run again by a resumed run
+    of the same revision. Returns ``(job, error %)`` in the order of ``jobs``."""
+    from _tinyfoa_experiment import run_job
+
+    tasks = dict(enumerate(jobs))
+    order = sorted(tasks, key=lambda i: -job_cost(jobs[i]))
+    done = run_keyed(run_job, tasks, workers, order=order, progress=label, cache=cache)
+    return [done[i] for i in range(len(jobs))]
+
+
 def run(quick: bool):
-    from _tinyfoa_experiment import LC_SPEC, MITBIH, default_lr, run_job
+    from _tinyfoa_experiment import LC_SPEC
 
     from bpfree.tinyfoa import PAPER_TABLE1, TABLE1, TABLE2, TABLE3, lc_shape, paper_table1
     from bpfree.tinyfoa.accounting import fc_shape, phase_mb
 
     cfg = _settings(quick)
     t0 = time.perf_counter()
-    common = dict(train=cfg["train"], test=cfg["test"], width=cfg["width"], batch=cfg["batch"],
-                  visits=cfg["visits"])
-
-    def data(ds):
-        # MIT-BIH: the balanced training beats less the validation beats, its own epochs
-        if ds == MITBIH:
-            return dict(train=None, test=None, val=cfg["mitbih_val"],
-                        epochs=cfg["mitbih_epochs"])
-        return dict(val=cfg["val"], epochs=cfg["epochs"])
-
-    # (arch, dataset, method) trained at M = 2 for Tables 1-3
-    table_keys = [_key("fc", ds, name) for ds in cfg["datasets"]
-                  for name in (*TABLE1, *(n for n in TABLE2 if ds in cfg["table2_datasets"]))]
-    table_keys += [_key("lc", "mnist", name) for name in TABLE3]
+    cache = task_cache(ROOT)  # $BPFREE_TASK_CACHE: resume a cut-off run (the full run is long)
+    keys = table_keys(cfg)
+    authors = _recipe_keys(keys, cfg)
     workers = default_workers()
+    reg = cfg["regime"]
     # Stage 1: every method's learning rate from the same grid (lr_grid × its centre) on the
     # validation split, seed 0; the test split is not read.
-    def sweep_jobs(arch, ds, name, centre):
-        """The validation sweep's jobs of one run: ``centre`` × lr_grid, seed 0."""
-        budget = data(ds)
-        if ds != MITBIH:
-            budget.update(train=cfg["sweep_train"] or cfg["train"],
-                          epochs=cfg["sweep_epochs"] or cfg["epochs"])
-        return [dict(common, **budget, dataset=ds, method=name, arch=arch, m=2, seed=0,
-                     exchanges=None, lr=centre * mult, eval_on="val", group="sweep")
-                for mult in cfg["lr_grid"]]
-
-    sweep = []
-    for arch, ds, name in table_keys:
-        sweep += sweep_jobs(arch, ds, name, default_lr(name, ds))
-    reg = cfg["regime"]
-
-    def regime_job(label, lr, seed, eval_on):
-        kw, _ = REGIMES[label]
-        greedy = kw.get("layerwise", False)
-        return dict(common, train=reg["train"], val=cfg["val"], dataset="mnist",
-                    method="TinyFoA", arch="fc", m=2, seed=seed, lr=lr,
-                    epochs=reg["epochs"] * (4 if greedy else 1),
-                    # the authors' code changes the frozen block once an epoch
-                    exchanges=(reg["epochs"] * (4 if greedy else 1)
-                               if kw.get("schedule") == "diagonal-freeze" else None),
-                    eval_on=eval_on, group="regime", regime=label, **kw)
-
-    for label, (_, centre) in REGIMES.items():
-        sweep += [regime_job(label, centre * mult, 0, "val") for mult in cfg["lr_grid"]]
-    authors = _recipe_keys(table_keys, cfg)
-    for arch, ds, name in authors:
-        sweep += [recipe_job(job, AUTHORS)
-                  for job in sweep_jobs(arch, ds, name, RECIPES[AUTHORS][1])]
     val_scores: dict = {}
     diverged: list[dict] = []
-    with spawn_pool(workers) as pool:
-        for job, err in pool.map(run_job, sweep):
-            if "diverged" in job:
-                diverged.append(job)
-            key = (("regime", job["regime"]) if job.get("group") == "regime" else
-                   (AUTHORS,) + _key(job["arch"], job["dataset"], job["method"])
-                   if job.get("recipe") == AUTHORS else
-                   _key(job["arch"], job["dataset"], job["method"]))
-            val_scores.setdefault(key, {})[job["lr"]] = err
-        t_sweep = time.perf_counter() - t0
-        regime_lrs = {k[1]: _choose_lr(v) for k, v in val_scores.items() if k[0] == "regime"}
-        authors_lrs = {k[1:]: _choose_lr(v) for k, v in val_scores.items() if k[0] == AUTHORS}
-        val_scores = {k: v for k, v in val_scores.items() if k[0] not in ("regime", AUTHORS)}
-        lrs = {k: _choose_lr(v) for k, v in val_scores.items()}
-        fc_lr, lc_lr = lrs[_key("fc", "mnist", "TinyFoA")], lrs[_key("lc", "mnist", "TinyFoA")]
-        # Stage 2: the test runs at the chosen rates.
-        jobs = []
-        for arch, ds, name in table_keys:
-            for s in cfg["seeds"]:
-                jobs.append(dict(common, **data(ds), dataset=ds, method=name, arch=arch, m=2,
-                                 seed=s, exchanges=None, lr=lrs[_key(arch, ds, name)],
-                                 group="t3" if arch == "lc" else "t1"))
-        for arch, lr in (("fc", fc_lr), ("lc", lc_lr)):
-            for m in (2, 4, 8, 16):
-                for s in cfg["seeds"]:
-                    jobs.append(dict(common, val=cfg["val"], dataset="mnist", method="TinyFoA",
-                                     arch=arch, m=m, seed=s, lr=lr,
-                                     epochs=_slices_epochs(cfg, arch, m), exchanges=None,
-                                     group="m"))
-            for f in ("E", 2):
-                for s in cfg["seeds"]:
-                    e = cfg["ablation_epochs"]
-                    jobs.append(dict(common, val=cfg["val"], dataset="mnist",
-                                     method="TinyFoA", arch=arch, m=2, seed=s, lr=lr,
-                                     epochs=e, exchanges=e if f == "E" else 2, group=f"f{f}"))
-        if cfg["equal_updates"]:
-            # diagnostic: TinyFoA with M² = 4 times the epochs, so that each FC slice gets as
-            # many steps as TinyFoA-V's whole layer (Table 1's comparison at equal updates)
-            for s in cfg["seeds"]:
-                jobs.append(dict(common, val=cfg["val"], dataset="mnist", method="TinyFoA",
-                                 arch="fc", m=2, seed=s, lr=fc_lr, epochs=4 * cfg["epochs"],
-                                 exchanges=None, group="equal"))
-        jobs += [regime_job(label, regime_lrs[label], s, "test") for label in REGIMES
-                 for s in cfg["seeds"]]
-        for arch, ds, name in authors:
-            jobs += [recipe_job(dict(common, **data(ds), dataset=ds, method=name, arch=arch,
-                                     m=2, seed=s, exchanges=None,
-                                     lr=authors_lrs[_key(arch, ds, name)], group="t1a"),
-                                AUTHORS) for s in cfg["seeds"]]
-        if cfg["wide"]:
-            # the paper's width, isolated: the width-512 run's rate (no sweep at 2048)
-            for name in cfg["wide"]["methods"]:
-                jobs += [dict(common, val=cfg["val"], epochs=cfg["epochs"],
-                              width=cfg["wide"]["width"], dataset="mnist", method=name,
-                              arch="fc", m=2, seed=s, exchanges=None,
-                              lr=lrs[_key("fc", "mnist", name)], group="wide")
-                         for s in cfg["seeds"]]
-                if (("fc", "mnist", name) in authors):
-                    # width isolated under the authors' recipe too (issue 32): its
-                    # width-512 run's rate, against that run (group t1a)
-                    jobs += [recipe_job(dict(common, val=cfg["val"], epochs=cfg["epochs"],
-                                             width=cfg["wide"]["width"], dataset="mnist",
-                                             method=name, arch="fc", m=2, seed=s,
-                                             exchanges=None, group="widea",
-                                             lr=authors_lrs[_key("fc", "mnist", name)]),
-                                        AUTHORS) for s in cfg["seeds"]]
-        results: dict = {}
-        for job, err in pool.map(run_job, jobs):
-            if "diverged" in job:
-                diverged.append(job)
-            key = ((job["group"], job["regime"]) if job["group"] == "regime" else
-                   (job["group"], job["dataset"], job["method"], job["arch"], job["m"]))
-            results.setdefault(key, []).append(err)
+    for job, err in _run_jobs(sweep_jobs(cfg, keys), workers, cache, "tinyfoa sweep"):
+        if "diverged" in job:
+            diverged.append(job)
+        key = (("regime", job["regime"]) if job.get("group") == "regime" else
+               (AUTHORS,) + _key(job["arch"], job["dataset"], job["method"])
+               if job.get("recipe") == AUTHORS else
+               _key(job["arch"], job["dataset"], job["method"]))
+        val_scores.setdefault(key, {})[job["lr"]] = err
+    t_sweep = time.perf_counter() - t0
+    regime_lrs = {k[1]: _choose_lr(v) for k, v in val_scores.items() if k[0] == "regime"}
+    authors_lrs = {k[1:]: _choose_lr(v) for k, v in val_scores.items() if k[0] == AUTHORS}
+    val_scores = {k: v for k, v in val_scores.items() if k[0] not in ("regime", AUTHORS)}
+    lrs = {k: _choose_lr(v) for k, v in val_scores.items()}
+    # Stage 2: the test runs at the chosen rates.
+    results: dict = {}
+    for job, err in _run_jobs(test_jobs(cfg, keys, lrs, authors_lrs, regime_lrs), workers,
+                              cache, "tinyfoa runs"):
+        if "diverged" in job:
+            diverged.append(job)
+        key = ((job["group"], job["regime"]) if job["group"] == "regime" else
+               (job["group"], job["dataset"], job["method"], job["arch"], job["m"]))
+        results.setdefault(key, []).append(err)
     t_test = time.perf_counter() - t0 - t_sweep
     mem_check = memory_check()
 
@@ -895,9 +984,7 @@ def run(quick: bool):
         for name in cfg["wide"]["methods"]:
             mean, std = _mean_std(results[("wide", "mnist", name, "fc", 2)])
             narrow = _mean_std(results[("t1", "mnist", name, "fc", 2)])
-            setting = (f"hidden width {cfg['wide']['width']} (the runs': {cfg['width']}), "
-                       f"{cfg['epochs']} epochs, the width-{cfg['width']} rate, paper text's "
-                       "recipe")
+            setting = width_setting(cfg, "paper text")
             for metric, value in (("error (%)", mean), ("error std (%)", std),
                                   (f"error at width {cfg['width']} (%)", narrow[0])):
                 rows.append(dict(table=T_WIDTH, method=name, setting=setting, metric=metric,
@@ -906,8 +993,7 @@ def run(quick: bool):
             if ("widea", "mnist", name, "fc", 2) in results:
                 mean, std = _mean_std(results[("widea", "mnist", name, "fc", 2)])
                 narrow = _mean_std(results[("t1a", "mnist", name, "fc", 2)])
-                setting = (f"hidden width {cfg['wide']['width']} (the runs': {cfg['width']}), "
-                           f"the width-{cfg['width']} rate, " + recipe_setting("MNIST"))
+                setting = width_setting(cfg, AUTHORS)
                 for metric, value in (("error (%)", mean), ("error std (%)", std),
                                       (f"error at width {cfg['width']} (%)", narrow[0])):
                     rows.append(dict(table=T_WIDTH, method=name, setting=setting,
@@ -938,7 +1024,8 @@ def run(quick: bool):
         f"training: {cfg['train']} training images ({cfg['val']} more, the last of the "
         f"training split, are the validation split), {cfg['test']} test images, hidden width "
         f"{cfg['width']} (PEPITA: 3 hidden layers, others 4), {cfg['epochs']} epochs, batch "
-        f"{cfg['batch']}, plain SGD, seeds {list(cfg['seeds'])}.",
+        f"{cfg['batch']}, plain SGD (the paper text's recipe; see 'recipes'), seeds "
+        f"{list(cfg['seeds'])}.",
         "learning rates: every method (per dataset and table) gets the same search: "
         f"{len(cfg['lr_grid'])} rates, its grid centre × "
         f"{', '.join(f'{g:.3g}' for g in cfg['lr_grid'])}, trained with seed 0 and scored on "
@@ -969,6 +1056,20 @@ def run(quick: bool):
         "REGIMES, seed 0, validation split). Kept as in our other rows: binary activations "
         "±1 (the code: ReLU after a scaled sign), the STE mask instead of clamping weights to "
         "[-1, 1], inputs in [0, 1], the feedback matrices' scale.",
+        "recipes (issue 32): "
+        + ("the FC TinyFoA rows of Tables 1-2 are trained twice, under the paper text's "
+           "recipe (the rows named by dataset) and the authors' code recipe (setting "
+           "'<dataset>; authors' code recipe ...'): Adam, greedy layer-wise (each of the 4 "
+           f"layers for {cfg['epochs']} epochs, MIT-BIH {cfg['mitbih_epochs']}), the frozen "
+           "diagonal block changed once an epoch; rows without vertical training (-V) have "
+           "no block to freeze and train with Adam, greedy. Its rates come from the same "
+           f"grid around {RECIPES[AUTHORS][1]:g} on the validation split. "
+           if AUTHORS in cfg["recipes"] else "every run trains under the paper text's recipe "
+           "(quick mode has no authors' recipe rows). ")
+        + (f"Width: TinyFoA on MNIST at hidden width {cfg['wide']['width']} under each "
+           f"recipe is its width-{cfg['width']} job with only the width changed (same epochs, "
+           "seeds and learning rate; no rate search at this width)." if cfg["wide"] else
+           "No run at the paper's width in this mode."),
         "MIT-BIH (Tables 1-2; bpfree.data.mitbih_split): all 48 records, beat annotations "
         "mapped to the five AAMI EC57 classes N/S/V/F/Q (the authors' code trains 5 "
         "classes), 168-sample windows (0.47 s at 360 Hz, 72 samples before the R peak; the "
@@ -1007,6 +1108,9 @@ def run(quick: bool):
                                                   "seed", "lr", "diverged") if k in j}
                                for j in diverged],
                   "regime_learning_rates": regime_lrs,
+                  # runs taken from $BPFREE_TASK_CACHE (a resumed run): their train times
+                  # are not in "timings", which count this process only
+                  "resumed_runs": 0 if cache is None else cache.hits,
                   "timings": {"sweep": t_sweep, "test_runs": t_test,
                               "total": time.perf_counter() - t0},
                   "wall_seconds": time.perf_counter() - t0}

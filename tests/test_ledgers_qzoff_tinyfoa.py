@@ -339,3 +339,58 @@ def test_qzoff_quant_probe_replays_only_a_full_run(tmp_path):
         probe.full_run(path)
     path.write_text(json.dumps({"quick": False, "seed": 0}))
     assert probe.full_run(path)["seed"] == 0
+
+
+def _with_recipe_rows(mod, cfg, authors=2.0, wide=2.0, wide_authors=2.0):
+    """The paper-number rows plus the full mode's authors'-recipe and width-2048 rows."""
+    rows = _tinyfoa_rows(mod)
+    for ds in ("MNIST", "MIT-BIH"):
+        for metric, value in (("error (%)", authors), ("error std (%)", 0.1)):
+            rows.append(dict(table="Table 1", method="TinyFoA", setting=mod.recipe_setting(ds),
+                             metric=metric, value=value, paper=None))
+    for recipe, err in (("paper text", wide), (mod.AUTHORS, wide_authors)):
+        for metric, value in (("error (%)", err), ("error std (%)", 0.1),
+                              (f"error at width {cfg['width']} (%)", 7.0)):
+            rows.append(dict(table=mod.T_WIDTH, method="TinyFoA",
+                             setting=mod.width_setting(cfg, recipe), metric=metric,
+                             value=value, paper=None))
+    return rows
+
+
+_TF_FULL = dict(_TF_CFG, width=512, recipes=("paper text", "authors' code"),
+                wide=dict(width=2048, methods=("TinyFoA",)))
+
+
+def test_tinyfoa_every_claim_names_the_recipe_it_judges(tinyfoa):
+    """Issue 32: every claim's note says which recipe it judges; the authors'-recipe and
+    width-2048 claims exist only where the run has their rows, and a note says the authors'
+    rows stand beside only when they do."""
+    bare = tinyfoa.ledger(_tinyfoa_rows(tinyfoa), quick=False, cfg=_TF_FULL)
+    assert all("Recipe judged" in c["note"] for c in bare), [
+        c["id"] for c in bare if "Recipe judged" not in c["note"]]
+    assert not any("stand beside" in c["note"] for c in bare)
+    assert not any("authors-recipe" in c["id"] or "width2048" in c["id"] for c in bare)
+    full = {c["id"]: c for c in tinyfoa.ledger(_with_recipe_rows(tinyfoa, _TF_FULL),
+                                              quick=False, cfg=_TF_FULL)}
+    judged = {k: c["note"].split("Recipe judged: ")[1][:22] for k, c in full.items()
+              if k.startswith("tinyfoa-t1-error-mnist")}
+    assert judged == {"tinyfoa-t1-error-mnist": "the paper text's (Eq. ",
+                      "tinyfoa-t1-error-mnist-authors-recipe": "the authors' code's (A",
+                      "tinyfoa-t1-error-mnist-width2048": "the paper text's (Eq. ",
+                      "tinyfoa-t1-error-mnist-width2048-authors-recipe":
+                          "the authors' code's (A"}
+    assert "stand beside" in full["tinyfoa-t1-error-mnist"]["note"]
+    assert all(full[k]["holds"] is True for k in judged)
+    assert "hidden width 2048 (paper 2048)" in full["tinyfoa-t1-error-mnist-width2048"]["note"]
+    assert "width 512, same recipe: 7.00" in full["tinyfoa-t1-error-mnist-width2048"]["ours"]
+
+
+@pytest.mark.parametrize("edit, failing", [
+    (dict(authors=9.0), {"tinyfoa-t1-error-mnist-authors-recipe"}),
+    (dict(wide=9.0), {"tinyfoa-t1-error-mnist-width2048"}),
+    (dict(wide_authors=9.0), {"tinyfoa-t1-error-mnist-width2048-authors-recipe"}),
+])
+def test_tinyfoa_recipe_and_width_claims_fail_on_their_own_rows(tinyfoa, edit, failing):
+    rows = _with_recipe_rows(tinyfoa, _TF_FULL, **edit)
+    verdicts = _verdicts(tinyfoa.ledger(rows, quick=False, cfg=_TF_FULL))
+    assert {k for k, v in verdicts.items() if v is False} == failing

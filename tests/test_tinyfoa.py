@@ -594,3 +594,149 @@ def test_every_claim_note_names_the_recipe_it_judges():
     assert "authors' code" not in mod.budget_note(quick)
     assert "Recipe judged: the paper text's" in mod.budget_note(quick)
     assert "Recipe judged: the authors' code's" in mod.budget_note(full, mod.AUTHORS)
+
+
+# -- the two recipes and the paper's width, as bench tinyfoa's jobs run them (issue 32) --------
+def _synthetic_data(monkeypatch, n_in=784, n=64, classes=10):
+    """``run_job`` on ``n`` random samples of ``n_in`` features (no data files), the method it
+    trains caught in the returned dict."""
+    import _tinyfoa_experiment as experiment
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, n_in, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    monkeypatch.setattr(experiment, "_data", lambda *a, **k: (x, y, x[:8], y[:8], x[:8], y[:8]))
+    seen = {}
+    orig = experiment.make_method
+
+    def spy(name, sizes, n_classes, **kw):
+        seen.update(sizes=sizes, kw=kw, initial=orig(name, sizes, n_classes, **kw))
+        seen["method"] = orig(name, sizes, n_classes, **kw)
+        return seen["method"]
+
+    monkeypatch.setattr(experiment, "make_method", spy)
+    return experiment, seen
+
+
+def _bench_job(**kw):
+    return dict(dict(dataset="mnist", method="TinyFoA", arch="fc", m=2, seed=0, epochs=1,
+                     batch=32, train=64, test=8, val=8, width=16, exchanges=None, visits=1,
+                     lr=1e-2, group="t1"), **kw)
+
+
+def test_the_paper_text_recipe_runs_sgd_on_every_layer_one_slice_at_a_time(monkeypatch):
+    experiment, seen = _synthetic_data(monkeypatch)
+    mod = _bench_module()
+    experiment.run_job(mod.recipe_job(_bench_job(), "paper text"))
+    net = seen["method"]
+    assert (net.optimizer, net.layerwise, net.schedule) == ("sgd", False, "slice")
+    assert all(layer.adam is None for layer in net.layers)
+    assert net.m == 2 and net.frozen_grid == 1          # one of the 4 slices per phase
+    # every layer trained (all at once, not greedily)
+    assert all(not torch.equal(a.latent_weight(), b.latent_weight())
+               for a, b in zip(net.layers, seen["initial"].layers))
+
+
+def test_the_authors_recipe_runs_adam_greedy_and_keeps_each_phases_diagonal_block(monkeypatch):
+    """The authors' code recipe through the benchmark's own job: Adam on every layer, greedy
+    layer-wise (each layer for the job's epochs, in order) and, within a layer's phase, one
+    diagonal block of the 2 x 2 grid left exactly as initialised. With 1 epoch per layer and
+    the frozen block changed once an epoch, layer l trains in phase l: block l mod 2 stays."""
+    experiment, seen = _synthetic_data(monkeypatch)
+    mod = _bench_module()
+    job = mod.recipe_job(_bench_job(), mod.AUTHORS)
+    assert job["epochs"] == 4 and job["exchanges"] == 4
+    experiment.run_job(job)
+    net, initial = seen["method"], seen["initial"]
+    assert (net.optimizer, net.layerwise, net.schedule) == ("adam", True, "diagonal-freeze")
+    assert all(layer.adam is not None for layer in net.layers)
+    assert net.active_layer == 3                        # the last share trains the last layer
+    for index, (layer, start) in enumerate(zip(net.layers, initial.layers)):
+        after, before = layer.latent_weight(), start.latent_weight()
+        p = index % 2
+        ro, ci = layer.out_features // 2, layer.in_features // 2
+        block = (slice(p * ro, (p + 1) * ro), slice(p * ci, (p + 1) * ci))
+        assert torch.equal(after[block], before[block]), f"layer {index}'s frozen block moved"
+        moved = after != before
+        moved[block] = True
+        assert moved.float().mean() > 0.9, f"layer {index} did not train outside its block"
+
+
+def test_the_authors_recipe_without_slices_is_adam_greedy_only(monkeypatch):
+    experiment, seen = _synthetic_data(monkeypatch)
+    mod = _bench_module()
+    experiment.run_job(mod.recipe_job(_bench_job(method="TinyFoA-V"), mod.AUTHORS))
+    net = seen["method"]
+    assert (net.optimizer, net.layerwise, net.schedule) == ("adam", True, "slice")
+
+
+def _full_jobs(mod):
+    """Full mode's test-run jobs at made-up rates (every rate distinct, to tell them apart)."""
+    cfg = mod._settings(False)
+    keys = mod.table_keys(cfg)
+    lrs = {k: 0.01 * (i + 1) for i, k in enumerate(keys)}
+    authors_lrs = {k: 1e-4 * (i + 1) for i, k in enumerate(mod._recipe_keys(keys, cfg))}
+    regime_lrs = {label: 0.5 for label in mod.REGIMES}
+    return cfg, keys, mod.test_jobs(cfg, keys, lrs, authors_lrs, regime_lrs)
+
+
+def test_the_width_2048_runs_change_only_the_width_under_each_recipe():
+    """Width isolated (issue 32): every width-2048 job (paper text: ``wide``, the authors'
+    recipe: ``widea``) is its recipe's width-512 MNIST TinyFoA job with only the width (and
+    its group) changed: same epochs, seed, rate, data, slices and recipe."""
+    mod = _bench_module()
+    cfg, _, jobs = _full_jobs(mod)
+    assert cfg["width"] == 512 and cfg["wide"]["width"] == 2048
+
+    def by_seed(group):
+        return {j["seed"]: j for j in jobs if j["group"] == group and j["dataset"] == "mnist"
+                and j["method"] == "TinyFoA" and j["arch"] == "fc"}
+
+    for narrow, wide in (("t1", "wide"), ("t1a", "widea")):
+        n, w = by_seed(narrow), by_seed(wide)
+        assert set(n) == set(w) == set(cfg["seeds"])
+        for s in cfg["seeds"]:
+            assert w[s]["width"] == 2048 and n[s]["width"] == 512
+            assert dict(w[s], width=512, group=narrow) == n[s]
+    assert by_seed("widea")[0]["optimizer"] == "adam" and "optimizer" not in by_seed("wide")[0]
+
+
+def test_a_width_2048_job_trains_four_hidden_layers_of_2048(monkeypatch):
+    experiment, seen = _synthetic_data(monkeypatch)
+    mod = _bench_module()
+    _, _, jobs = _full_jobs(mod)
+    for group in ("wide", "widea"):
+        job = next(j for j in jobs if j["group"] == group)
+        experiment.run_job(dict(job, train=64, test=8, val=8, epochs=1, batch=64))
+        assert seen["sizes"] == [784, 2048, 2048, 2048, 2048]
+        assert [layer.weight_shape for layer in seen["method"].layers][1:] == [(2048, 2048)] * 3
+
+
+def test_a_resumed_run_takes_finished_jobs_from_the_task_cache(monkeypatch, tmp_path):
+    """``$BPFREE_TASK_CACHE``: every job is stored when it finishes; a second run of the same
+    jobs trains nothing (training would raise here) and returns the same errors in order."""
+    from bpfree.bench.task_cache import TaskCache
+
+    experiment, _ = _synthetic_data(monkeypatch)
+    mod = _bench_module()
+    jobs = [_bench_job(seed=s, width=w) for s in (0, 1) for w in (16, 32)]
+    cache = TaskCache(tmp_path, "rev")
+    first = mod._run_jobs(jobs, 1, cache, None)
+    assert [j for j, _ in first] == jobs and len(list(tmp_path.iterdir())) == len(jobs)
+
+    def no_training(*a, **k):
+        raise AssertionError("a cached job was trained again")
+
+    monkeypatch.setattr(experiment, "fit_epochs", no_training)
+    resumed = TaskCache(tmp_path, "rev")
+    assert mod._run_jobs(jobs, 1, resumed, None) == first and resumed.hits == len(jobs)
+    with pytest.raises(AssertionError, match="trained again"):   # another revision: no reuse
+        mod._run_jobs(jobs, 1, TaskCache(tmp_path, "other"), None)
+
+
+def test_full_mode_starts_the_longest_jobs_first():
+    mod = _bench_module()
+    _, _, jobs = _full_jobs(mod)
+    costliest = max(jobs, key=mod.job_cost)
+    assert costliest["group"] == "widea" and costliest["width"] == 2048
+    assert mod.job_cost(dict(costliest, width=512)) == mod.job_cost(costliest) / 16
