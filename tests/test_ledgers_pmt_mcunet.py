@@ -143,3 +143,55 @@ def test_pmt_ablation_summary_keeps_the_final_losss_noise(pmt):
                        "modes": {"a": "wp", "b": "np"}}
     json.dumps(summary)  # it goes to extra.ablations
     assert pmt.ablation_summary(dict(run, loss=[]))["loss_se"] == 0.0
+
+
+def test_mcunet_int8_sparse_bp_that_rounded_its_updates_away_fails_and_says_why(mcunet):
+    doc = copy.deepcopy(_document("mcunet.json"))
+    label = mcunet.LABELS["int8-sparse-bp"]
+    for d in mcunet.DATASETS:
+        start = _accuracies(doc, d, mcunet.LABELS["head-init"])
+        _set_accuracy(doc, d, label, start - 0.1)
+        ix = doc["extra"]["per_method"][d]["int8-sparse-bp"]
+        ix.pop("weights", None)
+        ix.pop("train_loss_before", None)
+        ix.pop("train_loss_after", None)
+    claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
+    assert claims["int8-sparse-bp-trains-mnist"]["holds"] is False
+    assert "predates SparseBP(latent_weights=True)" in claims["int8-sparse-bp-trains-mnist"]["note"]
+    for d in mcunet.DATASETS:
+        start = _accuracies(doc, d, mcunet.LABELS["head-init"])
+        _set_accuracy(doc, d, label, start + 2.0)
+        doc["extra"]["per_method"][d]["int8-sparse-bp"].update(
+            weights="latent copy (MCUTrain)", train_loss_before=0.5, train_loss_after=0.6)
+    claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
+    # accuracy rose but the training loss did not fall: not a baseline that trained
+    assert claims["int8-sparse-bp-trains-mnist"]["holds"] is False
+    for d in mcunet.DATASETS:
+        doc["extra"]["per_method"][d]["int8-sparse-bp"]["train_loss_after"] = 0.4
+    claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
+    assert claims["int8-sparse-bp-trains-mnist"]["holds"] is True
+    assert "predates" not in claims["int8-sparse-bp-trains-mnist"]["note"]
+
+
+def _accuracies(document: dict, dataset: str, label: str) -> float:
+    return next(r["value"] for r in document["rows"] if r["method"] == label
+                and r["metric"] == "accuracy (%)" and r["setting"].startswith(f"{dataset}, "))
+
+
+def _ratios_document(sram_kib: float | None, bp_int8_kb: float, rss_kib: float) -> dict:
+    linked = ({"error": "RuntimeError: arm-none-eabi-gcc not found"} if sram_kib is None
+              else {"sram_bytes": int(sram_kib * 1024)})
+    return {"rows": [], "extra": {"linked": linked, "pytorch": {"maxrss_kib": rss_kib},
+                                  "rules": {"bp-int8": bp_int8_kb, "bp": 2 * bp_int8_kb,
+                                            "accounting": 668.0}}}
+
+
+def test_pmt_ratios_decide_on_the_linked_program_and_say_when_it_is_missing():
+    ratios = load_module("pmt_ratios")
+    verdicts = _verdicts(ratios.ledger_from_result(_ratios_document(668.0, 3650.0, 300e3)))
+    assert verdicts == {"pmt-fig1-quantized-bp-5.46x": True, "pmt-fig1-pytorch-400x": True}
+    # The same rule figure over a larger linked program: 3650 / 900 = 4.06x < 4.91x.
+    verdicts = _verdicts(ratios.ledger_from_result(_ratios_document(900.0, 3650.0, 300e3)))
+    assert verdicts == {"pmt-fig1-quantized-bp-5.46x": False, "pmt-fig1-pytorch-400x": False}
+    claims = ratios.ledger_from_result(_ratios_document(None, 3650.0, 300e3))
+    assert all(c["holds"] is None and "not linked" in c["note"] for c in claims)

@@ -14,6 +14,7 @@ from bpfree.perturb import derive_seed, rademacher_xorshift
 from bpfree.pmt import accuracy, find_layers, fit, per_sample_loss
 from bpfree.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from bpfree.quant.ptq import quantize_model
+from bpfree.quant.twin import float_twin
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -256,6 +257,61 @@ def test_sparse_bp_updates_only_the_selected_layers():
     assert torch.equal(q.body[0].weight, w0[0]) and torch.equal(q.body[0].bias, b0)
     assert not torch.equal(q.body[2].weight, w0[1])
     assert not method.tlayers["body.0"].weight.requires_grad
+
+
+def _sub_lsb_rate(q, x, y, name: str = "body.2", fraction: float = 0.2) -> float:
+    """A rate at which every QAS step of ``name`` on (x, y) is ``fraction`` of an LSB at most:
+    rounded each step, no weight of that layer can move."""
+    g = SparseBP(copy.deepcopy(q), trainable=[name]).gradients(x, y)[0][name].weight
+    s_w = torch.tensor(dict(q.named_modules())[name].weight_quant.scales,
+                       dtype=torch.float64).view(-1, 1)
+    return fraction / float((g / s_w**2).abs().max())
+
+
+def test_sparse_bp_latent_weights_accumulate_updates_that_rounding_swallows():
+    # bench mcunet's INT8 sparse BP left test accuracy where it started: at the chosen rate
+    # every step of the new head was below half an int8 step, and rounding each step threw
+    # it away. MCUTrain keeps an unrounded copy; with it the same rate trains.
+    x, y = _digits(64)
+    q0 = _qmodel()
+    lr = _sub_lsb_rate(q0, x, y, fraction=0.45)
+    rounded, latent = copy.deepcopy(q0), copy.deepcopy(q0)
+    loss0 = float(_loss(q0, x, y).mean())
+    fit(SparseBP(rounded, trainable=["body.2"]), x, y, epochs=5, batch_size=64, lr=lr,
+        schedule="constant")
+    assert torch.equal(rounded.body[2].weight, q0.body[2].weight)
+    hist = fit(SparseBP(latent, trainable=["body.2"], latent_weights=True), x, y, epochs=100,
+               batch_size=64, lr=lr, schedule="constant")
+    changed = float((latent.body[2].weight != q0.body[2].weight).double().mean())
+    assert changed > 0.05
+    assert float(_loss(latent, x, y).mean()) < loss0 - 0.02
+    assert hist.loss[-1] < hist.loss[0]
+    assert latent.body[2].weight.dtype == torch.int8
+
+
+def test_sparse_bp_latent_weights_follow_the_summed_autograd_steps():
+    # Two steps: the int8 weights are round(W0 - lr * (g0 + g1) / s_w^2), g_k the autograd
+    # gradient of the fake-quantized twin at the int8 weights of step k (not the sum of two
+    # separately rounded steps).
+    x, y = _digits(32)
+    q = _qmodel()
+    w0 = q.body[2].weight.double()
+    lr = 3 * _sub_lsb_rate(q, x, y, fraction=0.4)
+    method = SparseBP(q, trainable=["body.2"], latent_weights=True)
+    s_w = torch.tensor(q.body[2].weight_quant.scales, dtype=torch.float64).view(-1, 1)
+    steps = []
+    for _ in range(2):
+        twin = float_twin(q, fake_quant=True)
+        F.cross_entropy(twin(x), y).backward()
+        g = dict(twin.named_modules())["body.2"].weight.grad.double()
+        steps.append(g / s_w**2)
+        method.step(x, y, lr)
+    expect = torch.round(w0 - lr * (steps[0] + steps[1])).clamp(-128, 127)
+    assert torch.equal(q.body[2].weight, expect.to(torch.int8))
+    # Changing the int8 weights from outside restarts the copy from them.
+    q.body[2].weight.zero_()
+    method.step(x, y, 1e-12)
+    assert torch.equal(q.body[2].weight, torch.zeros_like(q.body[2].weight))
 
 
 # ---------------------------------------------------------------------------------------------

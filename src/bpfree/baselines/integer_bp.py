@@ -23,7 +23,10 @@ from torch import nn
 from ..harness import check_batch, check_learning_rate
 from ..quant.graph import AFFINE_TYPES, _check_model
 from ..quant.twin import float_twin
-from ..updates.integer_layer import LayerEstimate, apply_update
+from ..quant.fixed_point import INT32_MAX, INT32_MIN
+from ..updates.integer import scaled_step_
+from ..updates.integer_layer import (LayerEstimate, _all_finite, apply_update,
+                                     quantization_aware_scales)
 from .bp import BPTrainer, model_device
 
 __all__ = ["FullTrainFP32", "FullTrainINT8", "SparseBP"]
@@ -98,6 +101,17 @@ class FullTrainINT8:
     Without QAS a typical float learning rate moves almost nothing: ``|lr * g| < 0.5`` LSB is
     rounded away (PMT §3.1.2, Table 7's weak INT8 FullTrain).
 
+    ``latent_weights=True`` keeps what MCUTrain's training code keeps (tiny-training's
+    ``SGDScale`` steps float Parameters in integer units and never rounds them; the forward
+    rounds): a float64 copy of each trained layer's weights and biases in integer units
+    (clipped to the int8 / int32 range), stepped by the same QAS update without rounding,
+    with ``round(latent)`` written into the int8 model after every step. Updates below half
+    an LSB then accumulate instead of being rounded away each step (with a freshly
+    initialised head and a small rate, none of the head's steps reached half an LSB, so the
+    per-step rounding left it untouched). It costs 8 bytes per trained value on the host;
+    the int8 model is still the one evaluated. If the int8 buffers are changed from outside,
+    the copy restarts from them.
+
     ``"loss"`` is the twin's (fake-quantized) loss, which BP differentiates; ``forwards`` counts
     N per step and ``backwards`` N per step.
 
@@ -105,15 +119,19 @@ class FullTrainINT8:
         qmodel: the real-quantized model (``accuracy(method.model, x, y)`` evaluates it).
         qas: quantization-aware scaling. trainable: names of the integer layers to train
             (``body.…``, default all); the others' twin parameters get ``requires_grad=False``.
+        latent_weights: keep the unrounded copy described above (default: round every step).
     """
 
-    def __init__(self, qmodel: nn.Module, *, qas: bool = True, trainable=None) -> None:
+    def __init__(self, qmodel: nn.Module, *, qas: bool = True, trainable=None,
+                 latent_weights: bool = False) -> None:
         valid = _affine_names(qmodel)
         if not valid:
             raise ValueError("the model has no QConv2d / QLinear layers to train")
         self.names = _select_names(valid, trainable)
         self.model = qmodel
         self.qas = bool(qas)
+        self.latent_weights = bool(latent_weights)
+        self._latent: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         modules = dict(qmodel.named_modules())
         self.qlayers = {name: modules[name] for name in valid}
         self.twin = float_twin(qmodel, fake_quant=True)
@@ -183,13 +201,49 @@ class FullTrainINT8:
         lr = check_learning_rate(lr)
         start_forwards = self.forwards
         grads, loss = self.gradients(x, y)
-        stats = {name: apply_update(self.qlayers[name], grads[name], lr, gns=False, qas=self.qas)
-                 for name in self.names}
+        update = self._latent_update if self.latent_weights else (
+            lambda layer, g, rate: apply_update(layer, g, rate, gns=False, qas=self.qas))
+        stats = {name: update(self.qlayers[name], grads[name], lr) for name in self.names}
         self.sync()
         self.steps += 1
         changed = [s["changed"] for s in stats.values()]
         return {"loss": float(loss), "forwards": self.forwards - start_forwards,
                 "changed": sum(changed) / len(changed)}
+
+    @torch.no_grad()
+    def _latent_of(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The float64 copy of ``layer``'s weights and bias, (re)started from the integer
+        buffers when it is missing or no longer rounds to them."""
+        key = id(layer)
+        kept = self._latent.get(key)
+        if kept is not None and torch.equal(kept[0].round().to(layer.weight.dtype), layer.weight) \
+                and (kept[1] is None or torch.equal(kept[1].round().to(layer.bias.dtype),
+                                                    layer.bias)):
+            return kept
+        bias = getattr(layer, "bias", None)
+        kept = (layer.weight.to(torch.float64).clone(),
+                None if bias is None else bias.to(torch.float64).clone())
+        self._latent[key] = kept
+        return kept
+
+    @torch.no_grad()
+    def _latent_update(self, layer: nn.Module, estimate: LayerEstimate, lr: float
+                       ) -> dict[str, float]:
+        """``latent <- clip(latent - lr * QAS * g)`` and ``W̄ <- round(latent)`` (no GNS: the
+        gradient is exact)."""
+        if not (_all_finite(estimate.weight) and (estimate.bias is None or
+                                                 _all_finite(estimate.bias))):
+            raise FloatingPointError(f"non-finite gradient; {type(layer).__name__} unchanged")
+        w, b = self._latent_of(layer)
+        qw, qb = quantization_aware_scales(layer) if self.qas else (None, None)
+        w.add_(scaled_step_(estimate.weight, lr, qw)).clamp_(-128, 127)
+        w_new = w.round().to(layer.weight.dtype)
+        changed = float((w_new != layer.weight).sum()) / max(w_new.numel(), 1)
+        layer.weight.copy_(w_new)
+        if b is not None and estimate.bias is not None:
+            b.add_(scaled_step_(estimate.bias, lr, qb)).clamp_(INT32_MIN, INT32_MAX)
+            layer.bias.copy_(b.round().to(layer.bias.dtype))
+        return {"gns": 1.0, "changed": changed}
 
 
 class SparseBP(FullTrainINT8):
@@ -203,10 +257,12 @@ class SparseBP(FullTrainINT8):
         qmodel: the real-quantized model.
         trainable: non-empty list of integer layer names (``body.…``).
         qas: quantization-aware scaling (MCUTrain uses it).
+        latent_weights: MCUTrain's unrounded copy (:class:`FullTrainINT8`).
     """
 
-    def __init__(self, qmodel: nn.Module, *, trainable, qas: bool = True) -> None:
+    def __init__(self, qmodel: nn.Module, *, trainable, qas: bool = True,
+                 latent_weights: bool = False) -> None:
         if trainable is None or (not isinstance(trainable, str) and len(list(trainable)) == 0):
             valid = _affine_names(qmodel)
             raise ValueError(f"SparseBP needs a non-empty list of trainable layers among {valid}")
-        super().__init__(qmodel, qas=qas, trainable=trainable)
+        super().__init__(qmodel, qas=qas, trainable=trainable, latent_weights=latent_weights)

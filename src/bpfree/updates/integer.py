@@ -29,6 +29,12 @@ def integer_update_(grad: Tensor, weight: Tensor, lr: float, low: int, high: int
     tensor's size (§3.2.2). The multiplications happen in that order, ``(g * -lr) * c``, which
     the trained-weight digests pin.
     """
+    return round_and_clip_(scaled_step_(grad, lr, channel_factor), weight, low, high)
+
+
+def scaled_step_(grad: Tensor, lr: float, channel_factor: Tensor | None = None) -> Tensor:
+    """``-lr * c[ch] * g`` in ``grad``'s buffer (consumed), multiplied in that order,
+    ``(g * -lr) * c``: the step of Eq. 8 before it is added to the weights and rounded."""
     step = grad.mul_(-lr)
     if channel_factor is not None:
         if channel_factor.dim() != 1 or channel_factor.numel() != step.shape[0]:
@@ -36,4 +42,4 @@ def integer_update_(grad: Tensor, weight: Tensor, lr: float, low: int, high: int
                              f"({step.shape[0]}), got shape {tuple(channel_factor.shape)}")
         view = channel_factor.to(device=step.device).view(-1, *[1] * (step.dim() - 1))
         step.mul_(view)
-    return round_and_clip_(step, weight, low, high)
+    return step
