@@ -291,9 +291,11 @@ def task_bp(method: str, float_model, qmodel, train, test, protocol: Protocol,
 
         def make():
             q = copy.deepcopy(qmodel)
-            return SparseBP(q, trainable=block, qas=True), q
+            # MCUTrain's own update (tiny-training's SGDScale): an unrounded copy of the
+            # trained weights, rounded only into the int8 model, as bench mcunet's row does.
+            return SparseBP(q, trainable=block, qas=True, latent_weights=True), q
         rates = protocol.bp_lrs
-        extra = {"block_layers": list(block)}
+        extra = {"block_layers": list(block), "latent_weights": True}
     else:
         raise ValueError(f"unknown BP method {method!r}; choose from {BP_METHODS}")
     out = sweep(make, tr, va, test, epochs=protocol.bp_epochs, rates=rates, protocol=protocol,

@@ -154,3 +154,36 @@ def test_a_snapshot_of_another_fit_call_is_refused_and_a_corrupt_one_ignored(tmp
     method = make_method("fo", make_model("tt", rank=2, seed=0), seed=0)
     assert fresh == fit(method, x, y, epochs=3, batch_size=32, lr=1e-2, seed=0).loss
     assert run(3) == fresh                         # every epoch in the snapshot: nothing to do
+
+
+def test_a_cut_off_mcutrain_run_keeps_its_unrounded_weights_across_the_cut(tmp_path):
+    """SparseBP(latent_weights=True) accumulates sub-LSB steps in a float copy keyed by its
+    layers; a resumed run must carry that copy over, not restart it from the int8 weights."""
+    import copy
+
+    from bpfree.baselines.integer_bp import SparseBP
+    from bpfree.models import mnist_cnn
+    from bpfree.quant import quantize_model
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (40,), generator=g)
+    torch.manual_seed(0)
+    base = quantize_model(mnist_cnn().eval(), x, input_range=(0.0, 1.0))
+    names = [n for n, m in base.named_modules() if type(m).__name__ in ("QConv2d", "QLinear")]
+
+    def run(folder, before_step=None):
+        model = copy.deepcopy(base)
+        trainer = SparseBP(model, trainable=names[-1:], qas=True, latent_weights=True)
+        with active(None if folder is None else FitSnapshots(folder)):
+            log = fit(trainer, x, y, epochs=3, batch_size=10, lr=1e-4, schedule="constant",
+                      seed=1, before_step=before_step)
+        return model, log
+
+    ref_model, ref_log = run(None)
+    with pytest.raises(Cut):
+        run(tmp_path, before_step=_cut_at(6))
+    model, log = run(tmp_path)
+    assert log.loss == ref_log.loss
+    for a, b in zip(ref_model.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)

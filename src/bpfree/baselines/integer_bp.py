@@ -131,7 +131,9 @@ class FullTrainINT8:
         self.model = qmodel
         self.qas = bool(qas)
         self.latent_weights = bool(latent_weights)
-        self._latent: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        # Keyed by the layer module itself, not id(): an epoch snapshot (checkpoint.resume)
+        # pickles this trainer, and ids do not survive a pickle.
+        self._latent: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] = {}
         modules = dict(qmodel.named_modules())
         self.qlayers = {name: modules[name] for name in valid}
         self.twin = float_twin(qmodel, fake_quant=True)
@@ -214,7 +216,7 @@ class FullTrainINT8:
     def _latent_of(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The float64 copy of ``layer``'s weights and bias, (re)started from the integer
         buffers when it is missing or no longer rounds to them."""
-        key = id(layer)
+        key = layer
         kept = self._latent.get(key)
         if kept is not None and torch.equal(kept[0].round().to(layer.weight.dtype), layer.weight) \
                 and (kept[1] is None or torch.equal(kept[1].round().to(layer.bias.dtype),
