@@ -195,3 +195,14 @@ def test_pmt_ratios_decide_on_the_linked_program_and_say_when_it_is_missing():
     assert verdicts == {"pmt-fig1-quantized-bp-5.46x": False, "pmt-fig1-pytorch-400x": False}
     claims = ratios.ledger_from_result(_ratios_document(None, 3650.0, 300e3))
     assert all(c["holds"] is None and "not linked" in c["note"] for c in claims)
+
+
+def test_pmt_q_budget_is_comparable_only_within_the_seed_noise():
+    budget = load_module("pmt_q_budget")
+
+    def verdict(by_seed):
+        doc = {"rows": [], "extra": {"test_by_seed": by_seed}}
+        return _verdicts(budget.ledger_from_result(doc))["pmt-fig9-q-comparable-at-budget"]
+
+    assert verdict({"2": [88.0, 90.0, 89.0], "32": [89.5, 88.5, 90.5]}) is True
+    assert verdict({"2": [88.0, 88.2, 88.1], "32": [90.0, 90.1, 90.2]}) is False

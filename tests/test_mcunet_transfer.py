@@ -199,3 +199,31 @@ def test_fp32_bp_steps_the_float_weights_of_the_transfer_model(base):
     with torch.no_grad():
         after = float(F.cross_entropy(twin(xf), target))
     assert after < before - 1e-3 * before, (before, after)
+
+
+def test_int8_sparse_bp_moves_the_new_head_at_the_benchmarks_rate(base):
+    """Issue 31: bench mcunet's INT8 sparse BP left test accuracy where it started. At its
+    chosen rate (1e-3) every QAS step of the freshly initialised head was below half an int8
+    step, so rounding the weights each step kept every head weight; MCUTrain's unrounded
+    copy (latent_weights=True) lets the same steps add up and the training loss fall."""
+    import copy
+
+    from _mcunet_transfer import _train_loss
+    from bpfree.baselines import SparseBP
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-128, 128, (8, 3, 128, 128), generator=g, dtype=torch.int32)
+    x = x.to(torch.int8)
+    y = torch.arange(8) % 4
+    head, _ = init_head(base.stage_quants[-2], backbone_features(base, x), y, 10)
+    model = with_head(base, head)
+    target = y.roll(1)  # the head fits (x, y): shifted labels leave something to learn
+    loss0 = _train_loss(model, x, target)
+    rounded, latent = copy.deepcopy(model), copy.deepcopy(model)
+    for q, keep in ((rounded, False), (latent, True)):
+        method = SparseBP(q, trainable=[HEAD], latent_weights=keep)
+        for _ in range(15):
+            method.step(x, target, 1e-3)
+    assert torch.equal(rounded.body[-1].weight, model.body[-1].weight)
+    assert not torch.equal(latent.body[-1].weight, model.body[-1].weight)
+    assert _train_loss(latent, x, target) < loss0 - 0.01

@@ -42,8 +42,9 @@ PAPERS = ("PMT", "QZO-FF", "TT-ZO", "BP-free PINN", "TinyFoA")
 """The five papers the benchmarks reproduce (docs/PAPERS.md), in the order the docs count them."""
 # The paper a benchmark reproduces; a claim's paper_ref naming another paper overrides it.
 BENCHMARK_PAPERS = {"pmt": "PMT", "pmt-seeds": "PMT", "pmt-cosine": "PMT", "mcunet": "PMT",
-                    "pmt-ratios": "PMT", "device": "PMT", "qzo-ff": "QZO-FF", "tt-zo": "TT-ZO",
-                    "pinn": "BP-free PINN", "tinyfoa": "TinyFoA"}
+                    "pmt-ratios": "PMT", "pmt-q-budget": "PMT", "device": "PMT",
+                    "qzo-ff": "QZO-FF", "tt-zo": "TT-ZO", "pinn": "BP-free PINN",
+                    "tinyfoa": "TinyFoA"}
 _PAPER_TAGS = (("PMT", "PMT"), ("QZO-FF", "QZO-FF"), ("TT-ZO", "TT-ZO"), ("PINN", "BP-free PINN"),
                ("TinyFoA", "TinyFoA"))
 _TEXT_KEYS = ("id", "paper_ref", "statement")
