@@ -1,7 +1,7 @@
 """The device runtime's fast int8 kernels (issue 33) against the integer model, bit for bit.
 
 A small model exercises every kernel path of ``bpfree_runtime.c``: the im2col GEMM for a
-strided 3x3 convolution, a pointwise and a strided 1x1 one, and the fully connected head
+strided 3x3 convolution (a 3x3 one on the M7's int8 rows), a pointwise and a strided 1x1 one, and the fully connected head
 (odd channel counts, odd column blocks); depthwise 5x5/s2, 7x7/s1 (unrolled instances) and
 3x1 (the general instance); the direct loops of a dilated depthwise and a grouped
 convolution. Its requantization constants are then edited so that every form of the
@@ -39,6 +39,7 @@ def _zoo_float() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Sequential(nn.Conv2d(3, 5, 3, stride=2, padding=1), nn.ReLU6()),  # gemm, conv
+        nn.Conv2d(5, 5, 3, padding=1),                                        # conv8 3x3 s1
         nn.Conv2d(5, 5, 5, stride=2, padding=2, groups=5),                    # dw 5x5 s2
         nn.Sequential(nn.Conv2d(5, 7, 1), nn.ReLU()),                         # pointwise
         nn.Conv2d(7, 7, (3, 1), padding=(1, 0), groups=7),                    # dw, general
@@ -52,14 +53,19 @@ def _zoo_float() -> nn.Sequential:
 def _edit_requantization(model) -> None:
     """Every requantization form of the runtime, on chosen channels and layers."""
     body = model.body
-    body[2].range = ActivationRange(-100, 90)  # a narrower clamp: the RQ_FAST instances
+    body[3].range = ActivationRange(-100, 90)  # a narrower clamp: the RQ_FAST instances
     conv = body[0]
     conv.shift[0], conv.shift[1], conv.shift[2] = -1, 0, 1  # r = 1, r = 0, a left shift
     conv.multiplier[3] = 0
     conv.bias[4] = 2**31 - 1000  # too large to start the accumulator
-    dw = body[7]
+    # the M7's int8-row convolution (four channels at a time, then one): a shift so large
+    # that the zero point is added after it, a bias off the fast requantization (inside the
+    # group of four), a shift of 0 (the channel left over)
+    conv8 = body[1]
+    conv8.shift[0], conv8.bias[1], conv8.shift[4] = -30, 2**30, 0
+    dw = body[8]
     dw.shift[0], dw.bias[1] = 0, -(2**31) + 5
-    head = body[9]
+    head = body[10]
     head.shift[1], head.bias[2] = -1, 2**31 - 7
 
 

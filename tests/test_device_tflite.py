@@ -55,32 +55,38 @@ def _simulated(data: bytes, x, y, trainable=None):
     return sums, trainer.model
 
 
-@needs_cc
-@pytest.mark.parametrize("fixture", ["converter_cnn", "converter_style"])
-def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs(tmp_path,
-                                                                                  fixture):
-    data = (CONVERTER_CNN.read_bytes() if fixture == "converter_cnn"
+def _fixture(name: str) -> bytes:
+    return (CONVERTER_CNN.read_bytes() if name == "converter_cnn"
             else converter_style_file(0, signed=True))
+
+
+def _export_and_run(tmp_path: Path, data: bytes, target: str):
+    """`device export --target TARGET` of the file and 8 `device run` steps with
+    --out-tflite, through the CLI; the data, the run's JSON and the written-back file."""
     (tmp_path / "model.tflite").write_bytes(data)
     loaded = bt.from_bytes(data)
     x, y = _data(shape=loaded.input_shape, classes=check_classifier(loaded))
     np.savez(tmp_path / "data.npz", x=x.numpy(), y=y.numpy())
-    prog, out = tmp_path / "prog", tmp_path / "trained.tflite"
-    assert main(["device", "export", "--model", str(tmp_path / "model.tflite"), "--out",
-                 str(prog), "--batch-size", str(BATCH)]) == 0
+    prog, out = tmp_path / f"prog-{target}", tmp_path / f"trained-{target}.tflite"
+    assert main(["device", "export", "--model", str(tmp_path / "model.tflite"), "--target",
+                 target, "--out", str(prog), "--batch-size", str(BATCH)]) == 0
     assert (prog / SOURCE_FILE).read_bytes() == data
     assert main(["device", "run", str(prog), "--data", str(tmp_path / "data.npz"), "--steps",
                  str(STEPS), "--batch-size", str(BATCH), "--lr", str(LR), "--samples",
-                 str(len(x)), "--json", str(tmp_path / "run.json"), "--no-rate-check", "--out-tflite",
-                 str(out)]) == 0
-    sums, trained = _simulated(data, x, y)
-    assert json.loads((tmp_path / "run.json").read_text())["loss_sums"] == sums
+                 str(len(x)), "--json", str(tmp_path / f"run-{target}.json"),
+                 "--no-rate-check", "--out-tflite", str(out)]) == 0
+    return x, y, json.loads((tmp_path / f"run-{target}.json").read_text()), out
+
+
+def _check_written_back(data: bytes, out: Path, trained, x, patched_in_place: bool) -> None:
+    """The written-back file holds the simulator's trained weights, and LiteRT computes on it
+    what the trained model computes."""
     adapted = bt.load(out)
     ours, theirs = adapted.state_dict(), bt.from_bytes(data).state_dict()
     for key, value in trained.state_dict().items():
         assert torch.equal(ours[key], value), f"{key} differs from the simulator's"
     assert any(not torch.equal(ours[k], theirs[k]) for k in theirs), "training changed nothing"
-    if fixture == "converter_style":  # patched in place: only weight and bias bytes differ
+    if patched_in_place:  # only weight and bias bytes differ
         assert len(out.read_bytes()) == len(data)
     if litert_available():
         from bpfree.tflite.oracle import LiteRT
@@ -95,6 +101,17 @@ def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs
                 want = adapted(xf).numpy()
             got = litert(xf)
         np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+@needs_cc
+@pytest.mark.parametrize("fixture", ["converter_cnn", "converter_style"])
+def test_tflite_export_runs_8_steps_bit_exact_and_writes_back_a_file_litert_runs(tmp_path,
+                                                                                  fixture):
+    data = _fixture(fixture)
+    x, y, run, out = _export_and_run(tmp_path, data, "host")
+    sums, trained = _simulated(data, x, y)
+    assert run["loss_sums"] == sums
+    _check_written_back(data, out, trained, x, fixture == "converter_style")
 
 
 @needs_cc
@@ -134,18 +151,20 @@ def test_tflite_export_refuses_what_it_cannot_train(tmp_path, capsys):
     capsys.readouterr()
 
 
+@needs_cc
 @pytest.mark.skipif(bool(MISSING_M7), reason=f"cortex-m7 toolchain missing: {MISSING_M7}")
 @pytest.mark.slow
-def test_tflite_program_8_steps_bit_exact_on_emulated_cortex_m7(tmp_path):
-    data = converter_style_file(0, signed=True)
-    model = training_model(bt.from_bytes(data))
-    x, y = _data()
-    trainer = PMTTrainer(model, PMTConfig(queries=QUERIES, seed=SEED, device_exact=True),
-                         example=x[:2])
-    program = export_c(trainer, tmp_path / "m7", target="cortex-m7", max_batch=BATCH,
-                       max_samples=len(x), source_tflite=data)
-    result = run_c(program, x, y, steps=STEPS, batch_size=BATCH, lr=LR)
+@pytest.mark.parametrize("fixture", ["converter_cnn", "converter_style"])
+def test_tflite_program_8_steps_bit_exact_on_emulated_cortex_m7(tmp_path, fixture):
+    """Issue 33, Done when: the file through `device export --target cortex-m7`, 8 steps on
+    the emulated M7 equal to the simulator's and to the host program's (losses and every
+    integer weight), and the M7-trained file runs in LiteRT."""
+    data = _fixture(fixture)
+    x, y, m7, out = _export_and_run(tmp_path, data, "cortex-m7")
+    _, _, host, host_out = _export_and_run(tmp_path, data, "host")
     sums, trained = _simulated(data, x, y)
-    assert result.loss_sums == sums
-    for key, value in trained.state_dict().items():
-        assert torch.equal(result.model.state_dict()[key], value), key
+    assert m7["loss_sums"] == sums == host["loss_sums"]
+    assert bt.load(out).state_dict().keys() == bt.load(host_out).state_dict().keys()
+    for key, value in bt.load(host_out).state_dict().items():
+        assert torch.equal(bt.load(out).state_dict()[key], value), f"{key}: M7 != host"
+    _check_written_back(data, out, trained, x, fixture == "converter_style")

@@ -156,19 +156,24 @@ static inline int32_t sxtb16_ror8(uint32_t x) {
 
 /* An output channel's requantization (affine_reference's, up to the clamp to [lo, hi]). */
 typedef struct {
-    bpf_requant k;
+    bpf_requant k;       /* the reference form's constants (RQ_ANY) */
+    bpf_rq_smmlar f;     /* the one-SMMLAR form (RQ_FAST, RQ_FULL, RQ_POST) */
     int32_t bias, zp;
-    int32_t fold; /* the bias can start the accumulator: no partial sum leaves int32 */
+    int32_t post_ok; /* the bias can start the accumulator, |acc| < 2^30 whatever the input,
+                      * and f applies: RQ_POST */
+    int32_t fast;    /* ... and f holds the zero point (f.post == 0): RQ_FAST, RQ_FULL */
 } requant_ch;
 
 /* `red`: the products per output (each |w (x - z_x)| <= 128 * 255). */
 static inline requant_ch requant_channel(const bpf_affine *p, int32_t co, int32_t red) {
     requant_ch q;
     q.k = bpf_requant_of(p->mult[co], p->shift[co]);
+    q.f = bpf_rq_smmlar_of(p->mult[co], p->shift[co], p->out_zp);
     q.bias = p->b[co];
     q.zp = p->out_zp;
-    q.fold = (q.bias < 0 ? -(int64_t)q.bias : (int64_t)q.bias) + (int64_t)red * 32640 <=
-             BPF_I32_MAX;
+    q.post_ok = q.f.ok && (q.bias < 0 ? -(int64_t)q.bias : (int64_t)q.bias) +
+                                  (int64_t)red * 32640 < ((int64_t)1 << 30);
+    q.fast = q.post_ok && q.f.post == 0;
     return q;
 }
 
@@ -178,11 +183,12 @@ static inline int32_t clamp_to(int32_t z, int32_t lo, int32_t hi) {
 }
 
 /* clamp(mbqm(sat32(acc + bias)) + zp, -128, 127), then to [lo, hi] (within [-128, 127]).
- * `mode` (a constant where it is inlined): RQ_ANY, or the caller's promise that
- * q->k.rshift >= 0 and q->fold, and that the accumulator started at the bias (RQ_FAST), and
- * also that [lo, hi] is [-128, 127] (RQ_FULL, one SSAT). On the fast path |mbqm| < 2^30, so
- * adding zp cannot overflow and [lo, hi] subsumes the int8 clamp. */
-enum { RQ_ANY = 0, RQ_FAST = 1, RQ_FULL = 2 };
+ * `mode` (a constant where it is inlined): RQ_ANY, or the caller's promise that q->fast and
+ * that the accumulator started at the bias (RQ_FAST), and also that [lo, hi] is [-128, 127]
+ * (RQ_FULL, one SSAT); RQ_POST: as RQ_FULL with q->post_ok only (the zero point added after
+ * the shift). On the fast paths |acc| < 2^30 (no saturation) and bpf_mbqm_zp gives
+ * mbqm + zp (- post), which [lo, hi] then clamps. */
+enum { RQ_ANY = 0, RQ_FAST = 1, RQ_FULL = 2, RQ_POST = 3 };
 static inline __attribute__((always_inline)) int8_t requantize(const requant_ch *q, int32_t acc,
                                                                int32_t lo, int32_t hi,
                                                                int mode) {
@@ -191,8 +197,9 @@ static inline __attribute__((always_inline)) int8_t requantize(const requant_ch 
                               -128, 127);
         return (int8_t)clamp_to(z, lo, hi);
     }
-    int32_t z = bpf_mbqm_fast(acc, q->k.mult, q->k.high, q->k.rshift) + q->zp;
+    int32_t z = bpf_mbqm_zp(&q->f, acc);
     if (mode == RQ_FAST) return (int8_t)clamp_to(z, lo, hi);
+    if (mode == RQ_POST) z += q->f.post;
 #if BPF_DSP
     return (int8_t)__ssat(z, 8);
 #else
@@ -205,7 +212,7 @@ static inline __attribute__((always_inline)) int8_t requantize(const requant_ch 
 static inline int32_t acc_init(const requant_ch *q, int mode) { return mode ? q->bias : 0; }
 
 static inline int rq_mode(const requant_ch *a, const requant_ch *b, int32_t lo, int32_t hi) {
-    if (a->k.rshift < 0 || b->k.rshift < 0 || !a->fold || !b->fold) return RQ_ANY;
+    if (!a->fast || !b->fast) return RQ_ANY;
     return lo == -128 && hi == 127 ? RQ_FULL : RQ_FAST;
 }
 
@@ -485,9 +492,369 @@ DW_OUTPUT_ROW(dw_row_full, kh, kwp, sw, RQ_FULL)
 DW_OUTPUT_ROW(dw_row_fast, kh, kwp, sw, RQ_FAST)
 DW_OUTPUT_ROW(dw_row_any, kh, kwp, sw, RQ_ANY)
 
+#if BPF_DSP
+/* Depthwise 3x3 / 5x5 / 7x7, stride 1 or 2, on the DSP over raw int8 rows: the input zero
+ * point is folded into the accumulator's start, bias - z_x sum(w), and the padding holds z_x
+ * (so a padding tap adds w z_x - w z_x = 0), which gives the same integer sum as
+ * affine_reference. A word of four inputs x0..x3 gives, by SXTB16 and SXTB16 ror 8, the
+ * pairs E = (x0, x2) and O = (x1, x3); the weights of a kernel row are paired with a gap of
+ * two, (w0, w2), (w1, w3), (w4, w6), and the odd one out (w1 of 3, w4 of 5, w5 of 7) meets a
+ * half of an E or O (SMLABB / SMLABT). With stride 1 two neighbouring outputs share every
+ * word (output k + 1 takes O where output k takes E). `wt` holds the paired weights of each
+ * kernel row: DW8_SLOTS(K) words. Rows live in a ring of K int8 rows of `rs` bytes (slot
+ * ih mod K) plus a row of z_x for the padding rows; each row has z_x around the input and 4
+ * bytes of slack, since a word may reach past the last tap. */
+#define DW8_SLOTS(K) ((K) == 3 ? 2 : (K) == 5 ? 3 : 4)
+#define SMLAD_(w, x, a) a = __smlad((w), (x), (a))
+static inline __attribute__((always_inline)) void dw8_s1_row(int K, const int8_t *x,
+                                                             const int32_t *w, int32_t *a0,
+                                                             int32_t *a1) {
+    uint32_t X0 = read_u32(x);
+    int32_t E0 = (int32_t)__sxtb16(X0), O0 = sxtb16_ror8(X0);
+    int32_t s0 = *a0, s1 = *a1;
+    SMLAD_(w[0], E0, s0);
+    SMLAD_(w[0], O0, s1);
+    if (K == 3) {
+        s0 = __smlabb(w[1], O0, s0);
+        s1 = __smlabt(w[1], E0, s1);
+    } else {
+        uint32_t X2 = read_u32(x + 2);
+        int32_t E2 = (int32_t)__sxtb16(X2);
+        SMLAD_(w[1], O0, s0);
+        SMLAD_(w[1], E2, s1);
+        if (K == 5) {
+            int32_t O2 = sxtb16_ror8(X2);
+            s0 = __smlabt(w[2], E2, s0);
+            s1 = __smlabt(w[2], O2, s1);
+        } else {
+            uint32_t X4 = read_u32(x + 4);
+            int32_t E4 = (int32_t)__sxtb16(X4), O4 = sxtb16_ror8(X4);
+            SMLAD_(w[2], E4, s0);
+            SMLAD_(w[2], O4, s1);
+            s0 = __smlabb(w[3], O4, s0);
+            s1 = __smlabt(w[3], E4, s1);
+        }
+    }
+    *a0 = s0;
+    *a1 = s1;
+}
+
+/* One output whose taps start at x (any stride). */
+static inline __attribute__((always_inline)) int32_t dw8_one_row(int K, const int8_t *x,
+                                                                 const int32_t *w, int32_t a) {
+    uint32_t X0 = read_u32(x);
+    int32_t E0 = (int32_t)__sxtb16(X0), O0 = sxtb16_ror8(X0);
+    SMLAD_(w[0], E0, a);
+    if (K == 3) return __smlabb(w[1], O0, a);
+    SMLAD_(w[1], O0, a);
+    uint32_t X4 = read_u32(x + 4);
+    int32_t E4 = (int32_t)__sxtb16(X4);
+    if (K == 5) return __smlabb(w[2], E4, a);
+    SMLAD_(w[2], E4, a);
+    return __smlabb(w[3], sxtb16_ror8(X4), a);
+}
+
+/* Input row ih of a channel into a ring slot: z_x, the row, z_x up to rs bytes. */
+static void dw8_fill_row(int8_t *r, const int8_t *xr, int32_t W, int32_t pw, int32_t rs,
+                         int8_t zp) {
+    int32_t j = 0;
+    for (; j < pw; j++) r[j] = zp;
+    if (W >= 32) {
+        memcpy(r + pw, xr, (size_t)W);
+        j += W;
+    } else
+        for (int32_t i = 0; i < W; i++, j++) r[j] = xr[i];
+    for (; j < rs; j++) r[j] = zp;
+}
+
+/* The padded plane of a channel, (rows x rs bytes, z_x around the input), when it fits in
+ * `room` bytes (small maps: no ring to keep, every row at a fixed offset); returns 0 when it
+ * does not. */
+static int dw8_plane(int8_t *plane, int32_t rows, int32_t room, const int8_t *xc, int32_t H,
+                     int32_t W, int32_t ph, int32_t pw, int32_t rs, int8_t zp) {
+    if (rows * rs > room) return 0;
+    memset(plane, zp, (size_t)(rows * rs));
+    for (int32_t ih = 0; ih < H; ih++) {
+        int8_t *r = plane + (ih + ph) * rs + pw;
+        const int8_t *xr = xc + ih * W;
+        if (W >= 32) memcpy(r, xr, (size_t)W);
+        else {
+            int32_t j = 0;
+            for (; j + 4 <= W; j += 4) {
+                uint32_t v = read_u32(xr + j);
+                memcpy(r + j, &v, 4); /* one (unaligned) STR */
+            }
+            for (; j < W; j++) r[j] = xr[j];
+        }
+    }
+    return 1;
+}
+
+#define DW8_CHANNEL(NAME, K, S)                                                                \
+    static __attribute__((noinline)) void NAME(                                               \
+        const int8_t *xc, const bpf_tensor *ti, const bpf_tensor *to, int32_t ph, int32_t pw,  \
+        const int32_t *wt, int32_t start, const requant_ch *q, int8_t *yc, int8_t *ring,       \
+        int32_t room, int32_t rs, int8_t zp) {                                                 \
+        requant_ch r = *q;                                                                    \
+        int32_t held[K], OW = to->w, OH = to->h;                                              \
+        int32_t prows = (OH - 1) * (S) + (K), top = ti->h + 2 * ph;                           \
+        const int8_t *rows[K];                                                                \
+        int8_t *zero = ring + (K) * rs;                                                       \
+        int plane = dw8_plane(ring, prows > top ? prows : top, room, xc, ti->h, ti->w, ph, pw, \
+                              rs, zp);                                                        \
+        if (!plane) {                                                                         \
+            for (int32_t j = 0; j < rs; j++) zero[j] = zp;                                    \
+            for (int32_t i = 0; i < (K); i++) held[i] = -1;                                   \
+        }                                                                                     \
+        for (int32_t oh = 0; oh < OH; oh++) {                                                 \
+            for (int32_t i = 0; i < (K); i++) {                                               \
+                int32_t ih = oh * (S) - ph + i;                                               \
+                if (plane) {                                                                  \
+                    rows[i] = ring + (ih + ph) * rs;                                          \
+                    continue;                                                                 \
+                }                                                                             \
+                if (ih < 0 || ih >= ti->h) {                                                  \
+                    rows[i] = zero;                                                           \
+                    continue;                                                                 \
+                }                                                                             \
+                int32_t slot = ih % (K);                                                      \
+                int8_t *row = ring + slot * rs;                                               \
+                if (held[slot] != ih) {                                                       \
+                    dw8_fill_row(row, xc + ih * ti->w, ti->w, pw, rs, zp);                    \
+                    held[slot] = ih;                                                          \
+                }                                                                             \
+                rows[i] = row;                                                                \
+            }                                                                                 \
+            int8_t *y = yc + oh * OW;                                                         \
+            int32_t ow = 0;                                                                   \
+            if ((S) == 1)                                                                     \
+                for (; ow + 2 <= OW; ow += 2) {                                               \
+                    int32_t a0 = start, a1 = start;                                           \
+                    _Pragma("GCC unroll 8") for (int32_t i = 0; i < (K); i++)                 \
+                        dw8_s1_row(K, rows[i] + ow, wt + i * DW8_SLOTS(K), &a0, &a1);         \
+                    y[ow] = requantize(&r, a0, -128, 127, RQ_FULL);                           \
+                    y[ow + 1] = requantize(&r, a1, -128, 127, RQ_FULL);                       \
+                }                                                                             \
+            for (; ow < OW; ow++) {                                                           \
+                int32_t a = start;                                                            \
+                _Pragma("GCC unroll 8") for (int32_t i = 0; i < (K); i++)                     \
+                    a = dw8_one_row(K, rows[i] + ow * (S), wt + i * DW8_SLOTS(K), a);        \
+                y[ow] = requantize(&r, a, -128, 127, RQ_FULL);                                \
+            }                                                                                 \
+        }                                                                                     \
+    }
+/* One instance per kernel shape the int8-row kernels take (square 3, 5, 7; stride 1, 2). */
+#define DW8_SHAPES(X, P)                                                                       \
+    X(P##_3x3s1, 3, 1) X(P##_3x3s2, 3, 2) X(P##_5x5s1, 5, 1) X(P##_5x5s2, 5, 2)                \
+    X(P##_7x7s1, 7, 1) X(P##_7x7s2, 7, 2)
+DW8_SHAPES(DW8_CHANNEL, dw8)
+typedef void (*dw8_fn)(const int8_t *, const bpf_tensor *, const bpf_tensor *, int32_t,
+                       int32_t, const int32_t *, int32_t, const requant_ch *, int8_t *,
+                       int8_t *, int32_t, int32_t, int8_t);
+
+static inline int32_t pack16(int32_t lo, int32_t hi) {
+    return (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)hi << 16));
+}
+
+/* A convolution (groups 1) with few input channels, 3x3 / 5x5 / 7x7, stride 1 or 2 (MCUNet-in1's
+ * first layer): the depthwise rows above, summed over the input channels, from a ring of
+ * K int8 rows per input channel (the zero point folded into the accumulator's start, as
+ * there); per output row, every output channel in turn. No im2col. */
+#define CONV8_MAX_ROWS 32
+static int32_t dw8_weights(const int8_t *w, int32_t K, int32_t *wt);
+/* One output row of one output channel from the n = cin K rows; RQ_POST starts at the bias,
+ * RQ_ANY adds it at the requantization (saturating, as the reference does). */
+static inline __attribute__((always_inline)) void conv8_row(
+    int K, int S, const int8_t *const *rows, int32_t n, const int32_t *wt, int32_t start,
+    const requant_ch *q, int8_t *y, int32_t OW, int mode) {
+    int32_t ow = 0;
+    if (S == 1)
+        for (; ow + 2 <= OW; ow += 2) {
+            int32_t a0 = start, a1 = start;
+            for (int32_t r = 0; r < n; r++)
+                dw8_s1_row(K, rows[r] + ow, wt + r * DW8_SLOTS(K), &a0, &a1);
+            y[ow] = requantize(q, a0, -128, 127, mode);
+            y[ow + 1] = requantize(q, a1, -128, 127, mode);
+        }
+    for (; ow < OW; ow++) {
+        int32_t a = start;
+        for (int32_t r = 0; r < n; r++)
+            a = dw8_one_row(K, rows[r] + ow * S, wt + r * DW8_SLOTS(K), a);
+        y[ow] = requantize(q, a, -128, 127, mode);
+    }
+}
+
+/* Four output channels at once (one output each): the words and pairs of a row are formed
+ * once for the four (wt4: per row, the four channels' DW8_SLOTS(K) words); a channel off
+ * the fast requantization (start without its bias) takes RQ_ANY. */
+static inline __attribute__((always_inline)) void conv8_row4(
+    int K, int S, const int8_t *const *rows, int32_t n, const int32_t *wt4, const int32_t *start,
+    const requant_ch *q, int8_t *y, int32_t plane, int32_t OW) {
+    const int32_t ns = DW8_SLOTS(K);
+    for (int32_t ow = 0; ow < OW; ow++) {
+        int32_t a0 = start[0], a1 = start[1], a2 = start[2], a3 = start[3];
+        const int32_t *w = wt4;
+        for (int32_t r = 0; r < n; r++, w += 4 * ns) {
+            const int8_t *x = rows[r] + ow * S;
+            uint32_t X0 = read_u32(x);
+            int32_t E0 = (int32_t)__sxtb16(X0), O0 = sxtb16_ror8(X0), E4 = 0, O4 = 0;
+            if (K > 3) {
+                uint32_t X4 = read_u32(x + 4);
+                E4 = (int32_t)__sxtb16(X4);
+                if (K == 7) O4 = sxtb16_ror8(X4);
+            }
+#define CONV8_MAC(a, c)                                                                        \
+    SMLAD_(w[(c) * ns], E0, a);                                                               \
+    if (K == 3) a = __smlabb(w[(c) * ns + 1], O0, a);                                         \
+    else {                                                                                    \
+        SMLAD_(w[(c) * ns + 1], O0, a);                                                       \
+        if (K == 5) a = __smlabb(w[(c) * ns + 2], E4, a);                                     \
+        else {                                                                                \
+            SMLAD_(w[(c) * ns + 2], E4, a);                                                   \
+            a = __smlabb(w[(c) * ns + 3], O4, a);                                             \
+        }                                                                                     \
+    }
+            CONV8_MAC(a0, 0)
+            CONV8_MAC(a1, 1)
+            CONV8_MAC(a2, 2)
+            CONV8_MAC(a3, 3)
+#undef CONV8_MAC
+        }
+#define CONV8_OUT(c, a)                                                                        \
+    y[(c) * plane + ow] = q[c].post_ok ? requantize(&q[c], a, -128, 127, RQ_POST)              \
+                                       : requantize(&q[c], a, -128, 127, RQ_ANY);
+        CONV8_OUT(0, a0)
+        CONV8_OUT(1, a1)
+        CONV8_OUT(2, a2)
+        CONV8_OUT(3, a3)
+#undef CONV8_OUT
+    }
+}
+
+#define CONV8_ROWS(NAME, K, S)                                                                 \
+    static __attribute__((noinline)) void NAME(const bpf_affine *p, const bpf_tensor *ti,      \
+                                                const bpf_tensor *to, const int8_t *xn,         \
+                                                int8_t *yn, int8_t *ring, int32_t rs) {         \
+        int32_t cin = p->cin, OW = to->w, OH = to->h, taps = (K) * (K), n = cin * (K);        \
+        int32_t held[CONV8_MAX_ROWS], wt[CONV8_MAX_ROWS * 4], wt4[CONV8_MAX_ROWS * 16];        \
+        const int8_t *rows[CONV8_MAX_ROWS];                                                   \
+        int8_t zp = (int8_t)p->in_zp, *zero = ring + n * rs;                                  \
+        for (int32_t j = 0; j < rs; j++) zero[j] = zp;                                        \
+        for (int32_t r = 0; r < n; r++) held[r] = -1;                                         \
+        for (int32_t oh = 0; oh < OH; oh++) {                                                 \
+            for (int32_t ci = 0; ci < cin; ci++)                                              \
+                for (int32_t i = 0; i < (K); i++) {                                           \
+                    int32_t ih = oh * (S) - p->ph + i, slot = ci * (K) + ih % (K);            \
+                    if (ih < 0 || ih >= ti->h) {                                              \
+                        rows[ci * (K) + i] = zero;                                            \
+                        continue;                                                             \
+                    }                                                                         \
+                    if (held[slot] != ih) {                                                   \
+                        dw8_fill_row(ring + slot * rs,                                        \
+                                     xn + ((int64_t)ci * ti->h + ih) * ti->w, ti->w, p->pw,   \
+                                     rs, zp);                                                 \
+                        held[slot] = ih;                                                      \
+                    }                                                                         \
+                    rows[ci * (K) + i] = ring + slot * rs;                                    \
+                }                                                                             \
+            int32_t co = 0;                                                                   \
+            for (; co + 4 <= p->cout; co += 4) {                                              \
+                requant_ch q4[4];                                                             \
+                int32_t start4[4];                                                            \
+                for (int32_t c = 0; c < 4; c++) {                                             \
+                    q4[c] = requant_channel(p, co + c, cin * taps);                           \
+                    start4[c] = q4[c].post_ok ? q4[c].bias : 0;                               \
+                    for (int32_t ci = 0; ci < cin; ci++) {                                    \
+                        start4[c] -= p->in_zp * dw8_weights(                                  \
+                            p->w + ((int64_t)(co + c) * cin + ci) * taps, K, wt);             \
+                        for (int32_t i = 0; i < (K); i++)                                     \
+                            for (int32_t k = 0; k < DW8_SLOTS(K); k++)                        \
+                                wt4[(((ci * (K) + i) * 4) + c) * DW8_SLOTS(K) + k] =          \
+                                    wt[i * DW8_SLOTS(K) + k];                                 \
+                    }                                                                         \
+                }                                                                             \
+                conv8_row4(K, S, rows, n, wt4, start4, q4, yn + ((int64_t)co * OH + oh) * OW,  \
+                           OH * OW, OW);                                                      \
+            }                                                                                 \
+            for (; co < p->cout; co++) {                                                      \
+                requant_ch q = requant_channel(p, co, cin * taps);                            \
+                int32_t start = 0;                                                            \
+                for (int32_t ci = 0; ci < cin; ci++)                                          \
+                    start -= p->in_zp * dw8_weights(p->w + ((int64_t)co * cin + ci) * taps,   \
+                                                    K, wt + ci * (K) * DW8_SLOTS(K));         \
+                int8_t *y = yn + ((int64_t)co * OH + oh) * OW;                                \
+                if (q.post_ok)                                                                \
+                    conv8_row(K, S, rows, n, wt, start + q.bias, &q, y, OW, RQ_POST);         \
+                else                                                                          \
+                    conv8_row(K, S, rows, n, wt, start, &q, y, OW, RQ_ANY);                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+DW8_SHAPES(CONV8_ROWS, conv8)
+typedef void (*conv8_fn)(const bpf_affine *, const bpf_tensor *, const bpf_tensor *,
+                         const int8_t *, int8_t *, int8_t *, int32_t);
+
+/* The kernel of a layer, or NULL: square 3, 5 or 7, equal strides 1 or 2. */
+static dw8_fn dw8_kernel(const bpf_affine *p) {
+    static const dw8_fn fns[3][2] = {{dw8_3x3s1, dw8_3x3s2}, {dw8_5x5s1, dw8_5x5s2},
+                                     {dw8_7x7s1, dw8_7x7s2}};
+    int32_t k = p->kh;
+    if (k != p->kw || p->sh != p->sw || (p->sh != 1 && p->sh != 2) ||
+        (k != 3 && k != 5 && k != 7))
+        return NULL;
+    return fns[k / 2 - 1][p->sh - 1];
+}
+
+/* Channel c's weights paired as dw8_s1_row reads them; returns sum(w). */
+static int32_t dw8_weights(const int8_t *w, int32_t K, int32_t *wt) {
+    int32_t sum = 0, n = DW8_SLOTS(K);
+    for (int32_t i = 0; i < K; i++, w += K, wt += n) {
+        for (int32_t j = 0; j < K; j++) sum += w[j];
+        wt[0] = pack16(w[0], w[2]);
+        if (K == 3) wt[1] = pack16(w[1], 0);
+        else {
+            wt[1] = pack16(w[1], w[3]);
+            if (K == 5) wt[2] = pack16(w[4], 0);
+            else {
+                wt[2] = pack16(w[4], w[6]);
+                wt[3] = pack16(w[5], 0);
+            }
+        }
+    }
+    return sum;
+}
+
+/* The conv8 kernel of a layer and the bytes of one ring row, or NULL: groups 1, square 3, 5
+ * or 7, equal strides 1 or 2, no dilation, cin K rows (and the z_x row) in the scratch,
+ * clamped to [-128, 127], and every partial sum far from int32's bounds
+ * (|bias - z_x sum(w)| + cin K^2 2^14 < 2^30, without the bias on channels that take
+ * RQ_ANY). */
+static conv8_fn conv8_kernel(const bpf_affine *p, const bpf_tensor *ti, int32_t scratch_elems,
+                             int32_t lo, int32_t hi, int32_t *rs) {
+    static const conv8_fn fns[3][2] = {{conv8_3x3s1, conv8_3x3s2}, {conv8_5x5s1, conv8_5x5s2},
+                                       {conv8_7x7s1, conv8_7x7s2}};
+    int32_t k = p->kh, red = p->cin * p->kh * p->kw;
+    if (p->groups != 1 || k != p->kw || p->sh != p->sw || (p->sh != 1 && p->sh != 2) ||
+        (k != 3 && k != 5 && k != 7) || p->dh != 1 || p->dw != 1 || lo != -128 || hi != 127 ||
+        p->cin * k > CONV8_MAX_ROWS)
+        return NULL;
+    *rs = (ti->w + 2 * p->pw + 4 + 3) & ~3;
+    if ((int64_t)(p->cin * k + 1) * *rs > 2 * (int64_t)scratch_elems) return NULL;
+    for (int32_t co = 0; co < p->cout; co++) {
+        requant_ch q = requant_channel(p, co, red);
+        int64_t sum = 0;
+        for (int32_t i = 0; i < red; i++) sum += p->w[(int64_t)co * red + i];
+        int64_t start = (q.post_ok ? q.bias : 0) - (int64_t)p->in_zp * sum;
+        if ((start < 0 ? -start : start) + (int64_t)red * 16384 >= ((int64_t)1 << 30))
+            return NULL;
+    }
+    return fns[k / 2 - 1][p->sh - 1];
+}
+#endif
+
 static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bpf_tensor *to,
                              const int8_t *x, int8_t *y, int32_t batch, int16_t *scratch,
-                             int32_t lo, int32_t hi) {
+                             int32_t scratch_elems, int32_t lo, int32_t hi) {
     int32_t kh = p->kh, kw = p->kw, kwp = (kw + 1) & ~1, taps = kh * kw;
     int32_t W2 = ti->w + 2 * p->pw, RS = DW_ROW_STRIDE(W2);
     int32_t ihw = ti->h * ti->w, ohw = to->h * to->w, zp = p->in_zp;
@@ -505,16 +872,34 @@ static void affine_depthwise(const bpf_affine *p, const bpf_tensor *ti, const bp
         shaped = shapes[kh / 2 - 1][p->sw - 1];
     }
     int16_t *zero = scratch + (int64_t)kh * RS;
-    for (int32_t i = 0; i < RS; i++) zero[i] = 0;
+#if BPF_DSP
+    /* The int8 ring, (kh + 1) rs8 bytes with rs8 <= 2 RS, lies within the int16 one. */
+    dw8_fn dw8 = dw8_kernel(p);
+    int32_t wt[7 * 4], rs8 = (W2 + 4 + 3) & ~3;
+#endif
     for (int32_t n = 0; n < batch; n++)
         for (int32_t c = 0; c < p->cout; c++) {
             const int8_t *xc = x + (int64_t)n * ti->numel + (int64_t)c * ihw;
             int8_t *yc = y + (int64_t)n * to->numel + (int64_t)c * ohw;
             requant_ch q = requant_channel(p, c, taps);
+#if BPF_DSP
+            if (dw8 && rq_mode(&q, &q, lo, hi) == RQ_FULL) {
+                int64_t start = (int64_t)q.bias -
+                                (int64_t)zp * dw8_weights(p->w + (int64_t)c * taps, kh, wt);
+                /* every partial sum stays an int32 well inside the fast requantization's
+                 * |acc| < 2^30 (each |w x| <= 2^14) */
+                if ((start < 0 ? -start : start) + (int64_t)taps * 16384 < ((int64_t)1 << 30)) {
+                    dw8(xc, ti, to, p->ph, p->pw, wt, (int32_t)start, &q, yc, (int8_t *)scratch,
+                        2 * scratch_elems, rs8, (int8_t)zp);
+                    continue;
+                }
+            }
+#endif
             void (*row)(const int16_t *const *, int32_t, int32_t, const int16_t *, int32_t,
                         int32_t, int8_t *, const requant_ch *, int32_t, int32_t) = shaped;
             int mode = rq_mode(&q, &q, lo, hi);
             if (mode != RQ_FULL) row = mode == RQ_FAST ? dw_row_fast : dw_row_any;
+            for (int32_t i = 0; i < RS; i++) zero[i] = 0; /* (the int8 ring may cover it) */
             for (int32_t i = 0; i < kh; i++) {
                 for (int32_t j = 0; j < kwp; j++)
                     wk[i * kwp + j] = (int16_t)(j < kw ? p->w[(int64_t)c * taps + i * kw + j] : 0);
@@ -573,14 +958,24 @@ static void linear_float_rule(const bpf_affine *p, const int8_t *x, int8_t *y, i
 static void affine(const bpf_model *m, const bpf_affine *p, const bpf_tensor *ti,
                    const bpf_tensor *to, const int8_t *x, int8_t *y, int32_t batch) {
     int32_t lo = p->np_seed ? -128 : p->qmin, hi = p->np_seed ? 127 : p->qmax;
+#if BPF_DSP
+    int32_t rs;
+    conv8_fn conv8 = m->scratch ? conv8_kernel(p, ti, m->scratch_elems, lo, hi, &rs) : NULL;
+#endif
     if (p->eff)
         linear_float_rule(p, x, y, batch, (int32_t)ti->numel, (int32_t)to->numel, lo, hi);
+#if BPF_DSP
+    else if (conv8)
+        for (int32_t n = 0; n < batch; n++)
+            conv8(p, ti, to, x + (int64_t)n * ti->numel, y + (int64_t)n * to->numel,
+                  (int8_t *)m->scratch, rs);
+#endif
     else if (p->groups == 1 && p->cout >= 2 && m->scratch &&
         p->cin * p->kh * p->kw * (is_pointwise(p) ? 2 : 3) <= m->scratch_elems)
         affine_gemm(p, ti, to, x, y, batch, m->scratch, m->scratch_elems, lo, hi);
     else if (depthwise_fast(p) && m->scratch &&
              (p->kh + 1) * DW_ROW_STRIDE(ti->w + 2 * p->pw) <= m->scratch_elems)
-        affine_depthwise(p, ti, to, x, y, batch, m->scratch, lo, hi);
+        affine_depthwise(p, ti, to, x, y, batch, m->scratch, m->scratch_elems, lo, hi);
     else {
         affine_reference(p, ti, to, x, y, batch);
         return;

@@ -113,6 +113,59 @@ static inline int32_t bpf_mbqm_k(const bpf_requant *q, int32_t x) {
     return (int32_t)bpf_mbqm(x, q->mult, q->shift);
 }
 
+/* mbqm(x) + zp for a right shift s = -shift in [1, 31], a positive multiplier m and
+ * |x| < 2^30, as one SMMLAR (Cortex-M DSP: (A 2^32 + a b + 2^31) >> 32) and one shift:
+ *   SMMLAR(2x, m, A) = A + floor((x m + 2^30) / 2^31) = A + h,  h = SRDHM(x, m) (m > 0: no cap),
+ * and RoundingDivideByPOT(h, s) + zp = floor((h + 2^(s-1) - [h < 0]) / 2^s) + zp
+ *                                   = (h + A) >> s   with A = 2^(s-1) + zp 2^s - [x < 0]
+ * ([h < 0] may be replaced by [x < 0]: for x < 0 <= h, h = 0 and both give 0 when s >= 1).
+ * `base` = 2^(s-1) + zp 2^s where h + A cannot leave int32 (|h| <= 2^29 for |x| < 2^30);
+ * else (large shifts: channels of tiny scale) base = 2^(s-1), and the caller adds the zero
+ * point after the shift (`post`, one more instruction). */
+typedef struct {
+    int32_t mult, rshift, base, post;
+    int32_t ok;   /* the form applies to this multiplier and shift (s >= 1) */
+    int32_t ok0;  /* ... or s = 0 (no rounding division: A = zp), through bpf_mbqm_zp_any */
+    int32_t neg;  /* -1 where s >= 1 (the [x < 0] term), 0 where s = 0 */
+} bpf_rq_smmlar;
+
+static inline bpf_rq_smmlar bpf_rq_smmlar_of(int32_t mult, int32_t shift, int32_t zp) {
+    bpf_rq_smmlar q = {mult, -shift, 0, 0, 0, 0, 0};
+    if (mult > 0 && shift == 0) { /* h + zp: |h| <= 2^29, no overflow */
+        q.base = zp;
+        q.ok0 = 1;
+    } else if (mult > 0 && shift <= -1 && shift >= -31) {
+        int64_t half = (int64_t)1 << (-shift - 1);
+        int64_t base = half + (int64_t)zp * ((int64_t)1 << -shift);
+        int folds = (base < 0 ? -base : base) + 1 + ((int64_t)1 << 29) < BPF_I32_MAX;
+        q.base = (int32_t)(folds ? base : half); /* half + 1 + 2^29 < 2^31 for s <= 31 */
+        q.post = folds ? 0 : zp;
+        q.ok = q.ok0 = 1;
+        q.neg = -1;
+    }
+    return q;
+}
+
+static inline int32_t bpf_smmlar(int32_t x2, int32_t mult, int32_t a) {
+#if BPF_DSP
+    int32_t r;
+    __asm__("smmlar %0, %1, %2, %3" : "=r"(r) : "r"(x2), "r"(mult), "r"(a));
+    return r;
+#else
+    return (int32_t)((((int64_t)a << 32) + (int64_t)x2 * mult + ((int64_t)1 << 31)) >> 32);
+#endif
+}
+
+/* mbqm(x, mult, shift) + zp - q.post for |x| < 2^30 where q.ok. */
+static inline int32_t bpf_mbqm_zp(const bpf_rq_smmlar *q, int32_t x) {
+    return bpf_smmlar(x * 2, q->mult, q->base + (x >> 31)) >> q->rshift;
+}
+
+/* The same where q.ok0 (one more instruction: the [x < 0] term masked off for s = 0). */
+static inline int32_t bpf_mbqm_zp_any(const bpf_rq_smmlar *q, int32_t x) {
+    return bpf_smmlar(x * 2, q->mult, q->base + ((x >> 31) & q->neg)) >> q->rshift;
+}
+
 #if BPF_AVX2
 /* mbqm of eight int32 lanes v by multipliers m in [0, 2^31) and right shifts r in [0, 31]
  * (no left shift), exact where it applies: v * m + 2^30 < 2^62, so bits 31..62 of the 64-bit
@@ -217,6 +270,21 @@ static void bpf_add_s8(const int8_t *a, const int8_t *b, int64_t n, const bpf_ad
             bpf_store8_s8(_mm256_add_epi32(bpf_mbqm8(t, vmo, vro), voo), qmin, qmax, out + i);
         }
     }
+#endif
+#if BPF_DSP
+    /* The one-SMMLAR form for all three rescalings where ls <= 20 (TFLite's): |(a + o1) << ls|
+     * <= 255 2^20 < 2^28, each rescaled input is at most as large (m < 2^31), so their sum
+     * stays below 2^29 and every doubled argument an int32. */
+    bpf_rq_smmlar f1 = bpf_rq_smmlar_of(k->input1_multiplier, k->input1_shift, 0);
+    bpf_rq_smmlar f2 = bpf_rq_smmlar_of(k->input2_multiplier, k->input2_shift, 0);
+    bpf_rq_smmlar fo = bpf_rq_smmlar_of(k->output_multiplier, k->output_shift,
+                                        k->output_offset);
+    if (k->left_shift <= 20 && f1.ok0 && f2.ok0 && fo.ok0)
+        for (; i < n; i++) {
+            int32_t h = bpf_mbqm_zp_any(&f1, (a[i] + o1) * sc) +
+                        bpf_mbqm_zp_any(&f2, (b[i] + o2) * sc);
+            out[i] = (int8_t)bpf_clamp(bpf_mbqm_zp_any(&fo, h) + fo.post, qmin, qmax);
+        }
 #endif
     bpf_requant q1 = bpf_requant_of(k->input1_multiplier, k->input1_shift);
     bpf_requant q2 = bpf_requant_of(k->input2_multiplier, k->input2_shift);
