@@ -367,8 +367,8 @@ def ledger(mse: dict, below: str = "", moved: dict | None = None) -> list[dict]:
     ``mse`` maps ("FO"|"ZO", network, backend) to per-seed test MSEs; ``below`` is the
     "Below the paper's budget" sentence or "". ``moved`` maps the same keys to the geometric
     mean over seeds of validation MSE after / before training: a claim that only *orders*
-    ZO runs (ZO_ORDERINGS) is "not measured" when one of its ZO runs did not train (ratio
-    above ZO_TRAINED), since runs that stay at their untrained error order by chance.
+    ZO runs (ZO_ORDERINGS) is "not decided" when one of its ZO runs barely trained (ratio
+    above ZO_TRAINED), since runs near their untrained error order by chance.
     Orderings and ratios are decided on log10 MSE with a tolerance of 2 standard errors of
     the difference of the seeds' mean logs: inside it a claim is "not decided".
     """
@@ -469,23 +469,30 @@ def ledger(mse: dict, below: str = "", moved: dict | None = None) -> list[dict]:
 
 def ledger_from_result(document: dict) -> list[dict]:
     """:func:`ledger` recomputed from a committed result file: ``extra.per_seed_test_mse``
-    ("FO TT-3 768 SG" -> per-seed MSEs) and the budget sentence its first claim carries.
-    The runs' validation MSE before and after training is not in the file, so the
-    stalled-ZO check (``moved``) cannot be replayed; a file whose claims were made "not
-    measured" by it keeps them so."""
+    ("FO TT-3 768 SG" -> per-seed MSEs), ``extra.val_mse_ratio`` (the same keys -> validation
+    MSE after / before, for the trained gate) and the budget sentence its first claim
+    carries. A file from before issue 32 has no ratios, so the gate cannot be replayed on it;
+    its claims that the gate of its day made "not measured" stay so."""
     mse = {}
     for key, values in document["extra"]["per_seed_test_mse"].items():
         kind, *net, backend = key.split(" ")
         mse[(kind, " ".join(net), backend)] = values
+    ratios = document["extra"].get("val_mse_ratio")
+    moved = None if ratios is None else {
+        (kind, " ".join(net), backend): value
+        for (kind, *net, backend), value in ((k.split(" "), v) for k, v in ratios.items())}
     before = {c["id"]: c for c in document.get("claims") or []}
     below = (before.get("pinn-t4-fo-sg-beats-se") or {}).get("note") or ""
-    out = ledger(mse, below)
+    out = ledger(mse, below, moved)
+    if moved is not None:
+        return out
     return [before[c["id"]] if c["id"] in before and before[c["id"]]["holds"] is None
             and c["id"] in ZO_ORDERINGS else c for c in out]
 
 #: A ZO run trained if its validation MSE fell to at most this fraction of the untrained one.
-#: Issue 32: 0.5 let runs at 0.13-0.2x their untrained error decide orderings; an order of
-#: magnitude is the least that tells training from the noise of runs that barely moved.
+#: Issue 32: 0.5 let runs at 0.13-0.2x their untrained error decide orderings (the float32
+#: full run at 3f220be); an order of magnitude is the least that tells training from runs
+#: that barely moved, whose order is then "not decided".
 ZO_TRAINED = 0.1
 #: Claims that order ZO runs against each other: id -> the ZO (network, backend) pairs read.
 ZO_ORDERINGS = {"pinn-t5-zo-sg-best": "T5", "pinn-t5-zo-sg-margin": "T5",
@@ -493,8 +500,9 @@ ZO_ORDERINGS = {"pinn-t5-zo-sg-best": "T5", "pinn-t5-zo-sg-margin": "T5",
 
 
 def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
-    """``entry``, or the same claim "not measured" when a ZO run it orders did not train."""
-    from bpfree.bench.claims import claim
+    """``entry``, or the same claim "not decided" when a ZO run it orders barely trained
+    (validation MSE after / before above :data:`ZO_TRAINED`)."""
+    from bpfree.bench.claims import UNDECIDED, claim
 
     if moved is None or entry["id"] not in ZO_ORDERINGS:
         return entry
@@ -505,15 +513,15 @@ def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
     stalled = [k for k in keys if k in moved and moved[k] > ZO_TRAINED]
     if not stalled:
         return entry
-    why = ("not measured: ZO run(s) that did not train (validation MSE after / before, "
+    why = ("not decided: ZO run(s) that barely trained (validation MSE after / before, "
            "geometric mean of the seeds): " + ", ".join(
                f"{k[1]} {k[2]} {moved[k]:.2f}" for k in stalled)
-           + f"; an ordering of runs that stayed at their untrained error (above "
-           f"{ZO_TRAINED:g}) is chance")
+           + f"; an ordering of runs that did not cut their untrained error to "
+           f"{ZO_TRAINED:g}x is chance")
     note = "; ".join(t for t in (why, entry.get("note")) if t)
     return claim(entry["id"], entry["paper_ref"], entry["statement"], paper=entry["paper"],
-                 ours=entry["ours"] + f" (holds by the rule: {entry['holds']})", holds=None,
-                 note=note)
+                 ours=entry["ours"] + f" (holds by the rule: {entry['holds']})",
+                 holds=UNDECIDED, note=note)
 
 
 def derivative_errors(net, problem, points, reference=None) -> dict:
@@ -767,9 +775,8 @@ def _run(quick: bool):
         f"{cfg['n_initial']} terminal points per step, to fit 2.5 h on 2 cores (our plan of "
         f"{plan['zo_steps']} steps at {plan['batch']} + {plan['n_initial']} points projects "
         f"to {_planned_wall_hours()} wall hours: results/pinn-cost.json).")
-    claims = ledger({k: [r.test_mse for r in v] for k, v in runs.items()}, below,
-                    moved={k: _gmean([r.val_mse / r.initial_val_mse for r in v])
-                           for k, v in runs.items()})
+    moved = {k: _gmean([r.val_mse / r.initial_val_mse for r in v]) for k, v in runs.items()}
+    claims = ledger({k: [r.test_mse for r in v] for k, v in runs.items()}, below, moved)
     total = time.perf_counter() - start
     zo_rows, zo_probe = zo_investigation(problem, cfg, val, cfg["zo_steps"])
     rows += zo_rows
@@ -860,4 +867,6 @@ def _run(quick: bool):
                   # ($BPFREE_TASK_CACHE); their train times are their own
                   "resumed_runs": 0 if cache is None else cache.hits,
                   "per_seed_test_mse": {f"{k} {m} {b}": [r.test_mse for r in v]
-                                        for (k, m, b), v in runs.items()}}
+                                        for (k, m, b), v in runs.items()},
+                  # the trained gate's input (ZO_TRAINED), so a re-ledger can replay it
+                  "val_mse_ratio": {" ".join(k): v for k, v in moved.items()}}
