@@ -608,19 +608,32 @@ def pick_lowest(candidates, scores) -> float:
     return candidates[best]
 
 
-def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
+def zo_ablation(problem, cfg, val, steps: int, mu: float) -> tuple[float, float]:
+    """``(untrained, trained)`` validation MSE of ``steps`` ZO-SG steps at ``mu`` on the
+    paper's TT-3 768 (seed 0): one ablation run of :func:`zo_investigation`."""
+    from bpfree.pinn import train_zo
+
+    net = network(dict(cfg, width=768), "TT-3", problem)
+    res = train_zo(net, problem, _backend("SG"), steps=steps, lr=cfg["zo_lr"],
+                   batch_size=cfg["batch"], n_initial=cfg["n_initial"], num_queries=10,
+                   mu=mu, seed=0, val_points=val, log_every=0)
+    return res.initial_val_mse, res.val_mse
+
+
+def zo_investigation(problem, cfg, val, steps: int, cache=None) -> tuple[list[dict], dict]:
     """Why ZO stays near the untrained MSE: the signRGE step at the paper's μ = 0.1.
 
     On the paper's TT-3 768 (seed 0) with the SG loss of one batch: each μ's RGE cosine with
     the autograd gradient, sign ĝ's cosine, how far one perturbation moves the loss and
     ‖μξ‖ / ‖θ‖ (:func:`bpfree.estimators.alignment.rge_alignment`, 10 queries, 5 draws);
     then ``steps`` ZO-SG training steps per μ in ABLATION_MUS, scored on the *validation*
-    points (a diagnostic: no reported row uses it).
+    points (a diagnostic: no reported row uses it). Each ablation run is kept in ``cache``
+    (``$BPFREE_TASK_CACHE``) as soon as it finishes, like the runs of the tables.
     """
     import torch
 
     from bpfree.estimators.alignment import rge_alignment
-    from bpfree.pinn import pinn_loss, train_zo
+    from bpfree.pinn import pinn_loss
 
     wide = dict(cfg, width=768)
     setting = "TT-3 768 (rank 8), seed 0, SG loss"
@@ -647,16 +660,13 @@ def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
                  "value": out["alignment"][f"{ZO_MUS[0]:g}"]["ideal_cosine"],
                  "paper": None})
     for mu in ABLATION_MUS:
-        net = network(wide, "TT-3", problem)
-        res = train_zo(net, problem, _backend("SG"), steps=steps, lr=cfg["zo_lr"],
-                       batch_size=cfg["batch"], n_initial=cfg["n_initial"], num_queries=10,
-                       mu=mu, seed=0, val_points=val, log_every=0)
-        out["ablation"][f"{mu:g}"] = {"initial_val_mse": res.initial_val_mse,
-                                      "val_mse": res.val_mse}
+        before, after = memoized(cache, zo_ablation, (cfg, steps, mu),
+                                 lambda: zo_ablation(problem, cfg, val, steps, mu))
+        out["ablation"][f"{mu:g}"] = {"initial_val_mse": before, "val_mse": after}
         rows.append({"table": TZ, "method": f"μ = {mu:g}",
                      "setting": f"{setting}, {steps} ZO-SG steps, lr {cfg['zo_lr']:g}",
                      "metric": "validation MSE after / before training",
-                     "value": res.val_mse / res.initial_val_mse, "paper": None})
+                     "value": after / before, "paper": None})
     return rows, out
 
 
@@ -782,7 +792,7 @@ def _run(quick: bool):
     moved = {k: _gmean([r.val_mse / r.initial_val_mse for r in v]) for k, v in runs.items()}
     claims = ledger({k: [r.test_mse for r in v] for k, v in runs.items()}, below, moved)
     total = time.perf_counter() - start
-    zo_rows, zo_probe = zo_investigation(problem, cfg, val, cfg["zo_steps"])
+    zo_rows, zo_probe = zo_investigation(problem, cfg, val, cfg["zo_steps"], cache)
     rows += zo_rows
     poisson_start = time.perf_counter()
     poisson_rows, poisson_runs = _poisson_table(cfg)

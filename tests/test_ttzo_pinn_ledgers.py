@@ -417,12 +417,23 @@ def test_pinn_full_mode_resumes_every_run_and_search_from_the_task_cache(tmp_pat
     trained = []
     real_train = pinn._train
     monkeypatch.setattr(pinn, "_train", lambda *a, **k: trained.append(a[:3]) or real_train(*a, **k))
+    ablations = []
+    real_ablation = pinn.zo_ablation
+    monkeypatch.setattr(pinn, "zo_ablation",
+                        lambda *a: ablations.append(a[-1]) or real_ablation(*a))
     rows, first = pinn._run(False)
-    runs = 4 + 3 + 3 * 2      # FO x {AD, FD, SE, SG}, ZO x {FD, SE, SG} on TT-3; FO-AD, ZO-SG on 3 others
-    assert first["resumed_runs"] == 0 and len(trained) == runs * (1 + 3)   # seed + 3 candidates
+    fo, zo = 4 + 3, 3 + 3     # FO x {AD, FD, SE, SG}, ZO x {FD, SE, SG} on TT-3; FO-AD, ZO-SG on 3 others
+    runs = fo + zo
+    # each run: its seed and its search's candidates (FO 5 lrs, ZO 4 radii)
+    assert len(trained) == fo * (1 + len(pinn.FO_LR_FACTORS)) + zo * (1 + len(pinn.ZO_MUS))
+    assert first["resumed_runs"] == 0 and ablations == list(pinn.ABLATION_MUS)
     trained.clear()
+    ablations.clear()
     _, again = pinn._run(False)
-    assert trained == [] and again["resumed_runs"] == 2 * runs
+    # the zo_investigation's ablation runs are kept too (issue 32)
+    assert trained == [] and ablations == []
+    assert again["resumed_runs"] == 2 * runs + len(pinn.ABLATION_MUS)
+    assert again["zo_investigation"]["ablation"] == first["zo_investigation"]["ablation"]
     assert again["per_seed_test_mse"] == first["per_seed_test_mse"]
     assert again["search"] == first["search"]
     # the search is in the rows: the choice of every run, its candidates' scores beside it
