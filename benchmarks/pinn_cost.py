@@ -15,7 +15,8 @@ a few repeats suffice and the bench finishes in minutes):
   makes (measured from a real ``train_zo`` step: N + 1 with N = 10 queries).
 
 A check row times real ``train_zo`` steps of the cheapest ZO task beside its projection, so
-the reader sees what the projection leaves out. Projected hours = seconds per step x steps x
+the reader sees what the projection leaves out. A task whose first timed call takes
+``ONE_CALL_SECONDS`` or more is timed once. Projected hours = seconds per step x steps x
 the task's runs: its seeds, plus (full mode) its search's candidates on seed 0 for
 ``pinn.SEARCH_FRACTION`` of the steps each, plus for ZO TT-3 SG the ``zo_investigation``'s
 ablation runs (one per ``pinn.ABLATION_MUS``). `bench pinn` trains its runs one after the
@@ -95,16 +96,23 @@ def largest_fitting_steps(per_step: dict, runs, limit: float, most: int) -> int:
     return most if per <= 0 else min(most, int(limit // per))
 
 
-def _cpu_median(fn, repeats: int, warmup=None) -> float:
-    """Median CPU seconds of ``fn`` over ``repeats`` calls after one call of ``warmup``
-    (default ``fn`` itself)."""
+#: CPU seconds from which one timed call of a task is enough: a step of seconds is timed to a
+#: few per cent by process_time, and the SE / SG steps at 64 points take tens of seconds.
+ONE_CALL_SECONDS = 2.0
+
+
+def _cpu_median(fn, repeats: int, warmup=None) -> tuple[float, int]:
+    """``(median CPU seconds, calls timed)`` of ``fn``: ``repeats`` calls after one call of
+    ``warmup`` (default ``fn`` itself), or one when that one takes ONE_CALL_SECONDS or more."""
     (warmup or fn)()
     times = []
     for _ in range(repeats):
         c0 = time.process_time()
         fn()
         times.append(time.process_time() - c0)
-    return statistics.median(times)
+        if times[0] >= ONE_CALL_SECONDS:
+            break
+    return statistics.median(times), len(times)
 
 
 def _zo_forwards_per_step(pinn, cfg, problem, val) -> int:
@@ -155,11 +163,12 @@ def run(quick: bool) -> tuple[list[dict], dict]:
 
         repeats = 1 if quick else 3
         if kind == "FO":
-            seconds = _cpu_median(fo_step, repeats, lambda: fo_step(small))
-            how = f"1 loss + backward; median of {repeats}"
+            seconds, timed = _cpu_median(fo_step, repeats, lambda: fo_step(small))
+            how = f"1 loss + backward; median of {timed}"
         else:
-            seconds = forwards * _cpu_median(zo_loss, repeats, lambda: zo_loss(small))
-            how = f"{forwards} loss evaluations; median of {repeats}"
+            seconds, timed = _cpu_median(zo_loss, repeats, lambda: zo_loss(small))
+            seconds *= forwards
+            how = f"{forwards} loss evaluations; median of {timed}"
         per_step[(kind, net_name, b)] = seconds
         row(TABLE, f"{kind}+{b}", f"{net_name}; {how}", "CPU s per step", seconds)
 
