@@ -52,7 +52,7 @@ SEARCH_FRACTION = 0.25
 #: Full-mode FO and ZO steps (issue 32): results/pinn-cost.json's largest_fitting_steps, the
 #: largest count whose projection at 64 + 128 points in float64, searches and ablation
 #: included, fits about 3 wall hours on 2 cores (pinn_cost.TARGET_WALL_HOURS).
-FITTED_STEPS = 250
+FITTED_STEPS = 12
 #: The full run's floating dtype: every network value the sparse grid and FD combine, the
 #: networks and the points (issue 32; float32 rounding decided the backends' order).
 FULL_DTYPE = "float64"
