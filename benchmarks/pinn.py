@@ -11,8 +11,9 @@ seeds 0, 1, 2 (network initialisation, collocation points, directions); the repo
 against the exact solution at 1000 uniform *test* points drawn once and read by nothing
 else, while training logs and any choice read a separate set of 1000 validation points. The derivatives of the known part ``‖x‖₁ + 1 − t`` are
 added in closed form (``bpfree.pinn.Transformed``); The full run keeps the §5.2 networks and
-sample counts but trains 250 steps on 8 residual points per step (the paper states neither;
-our 3000-step plan projects to 134 h, see ``bench pinn-cost``), and every claim says so;
+sample counts, runs in float64 and takes 64 residual + 128 terminal points per step for
+``FITTED_STEPS`` steps, the largest budget whose projection fits about 3 wall hours on 2 cores
+(the paper states neither; ``bench pinn-cost``), and every claim says so;
 ``--quick`` trains 256-wide instead of 768-wide TT/pruned networks for fewer steps still, so
 its MSEs are not comparable with the paper's.
 
@@ -48,7 +49,10 @@ PAPER_MU = 0.1       # §5.2: ZO-signRGE radius
 ZO_MUS = (0.1, 0.01, 0.001, 1e-4)   # also the radii zo_investigation measures
 FO_LR_FACTORS = (1 / 10, 1 / 3, 1.0, 3.0, 10.0)
 SEARCH_FRACTION = 0.25
-FITTED_STEPS = 250   # full-mode FO and ZO steps: what fits 2.5 h on 2 cores (see _config)
+#: Full-mode FO and ZO steps (issue 32): results/pinn-cost.json's largest_fitting_steps, the
+#: largest count whose projection at 64 + 128 points in float64, searches and ablation
+#: included, fits about 3 wall hours on 2 cores (pinn_cost.TARGET_WALL_HOURS).
+FITTED_STEPS = 12
 #: The full run's floating dtype: every network value the sparse grid and FD combine, the
 #: networks and the points (issue 32; float32 rounding decided the backends' order).
 FULL_DTYPE = "float64"
@@ -92,32 +96,33 @@ def _config(quick: bool) -> dict:
                     zo_lr=3e-3, full_mlp=False, time_repeats=3, seeds=SEEDS, dtype="float32",
                     poisson=dict(poisson, fo_steps=500, zo_steps=1000))
     # Full: the §5.2 networks (768 wide), sample counts (SE 1024 pairs, SG 925 nodes), σ, μ,
-    # N and lr. §5.2 gives no step count or batch size; our plan of 3000 steps at 64 + 128
-    # points (planned_config) projects to 134 wall hours on 2 cores (results/pinn-cost.json),
-    # so the full run trains FITTED_STEPS steps at 8 + 32 points: 2049 and 925 evaluations
-    # per residual point make SE/SG cost linear in the batch, and ~1.7 h fits the 2.5 h limit.
+    # N and lr. §5.2 gives no step count or batch size; the run takes 64 + 128 points per
+    # step (issue 32) and FITTED_STEPS steps, what fits about 3 wall hours on 2 cores
+    # (results/pinn-cost.json): 2049 and 925 evaluations per residual point make SE/SG cost
+    # linear in the batch, so the points and the steps trade against each other.
     # float64 (issue 32): the grid's Smolyak weights sum to 841 in absolute value and FD
     # divides by h² = 1e-4, so in float32 both Laplacians carry 49 % rounding error (bench
     # pinn-zo-probe: float64 brings them to SG 0.054 and FD 3e-6, the methods' own errors).
-    return dict(width=768, fo_steps=FITTED_STEPS, zo_steps=FITTED_STEPS, batch=8, n_initial=32,
+    return dict(width=768, fo_steps=FITTED_STEPS, zo_steps=FITTED_STEPS, batch=64, n_initial=128,
                 fo_lr=1e-3, zo_lr=1e-3, full_mlp=True, time_repeats=5, seeds=SEEDS,
                 dtype=FULL_DTYPE, search=True,
                 poisson=dict(poisson, fo_steps=2000, zo_steps=4000))
 
 
 def planned_config() -> dict:
-    """The full run as first planned (3000 steps, 64 residual + 128 terminal points), which
-    ``bench pinn-cost`` projects; the full run trains :data:`FITTED_STEPS` steps instead."""
-    return dict(_config(False), fo_steps=3000, zo_steps=3000, batch=64, n_initial=128)
+    """The full run's configuration, which ``bench pinn-cost`` times and projects (since
+    issue 32 the plan is the run: 64 + 128 points, :data:`FITTED_STEPS` steps)."""
+    return _config(False)
 
 
-def _planned_wall_hours() -> str:
-    """The planned run's projected wall hours, read from ``bench pinn-cost``'s results file."""
+def _planned_wall_hours(steps: int | None = None) -> str:
+    """The projected wall hours of the full run at ``steps`` FO = ZO steps (default
+    :data:`FITTED_STEPS`), from ``bench pinn-cost``'s results file."""
     import json
 
     try:
-        hours = json.loads((ROOT / "results" / "pinn-cost.json").read_text())["extra"]
-        return f"{hours['full_wall_hours']:.0f}"
+        extra = json.loads((ROOT / "results" / "pinn-cost.json").read_text())["extra"]
+        return f"{extra['wall_hours_per_step'] * (steps or FITTED_STEPS):.1f}"
     except (OSError, ValueError, KeyError, TypeError):
         return "an unmeasured number of"
 
@@ -367,8 +372,8 @@ def ledger(mse: dict, below: str = "", moved: dict | None = None) -> list[dict]:
     ``mse`` maps ("FO"|"ZO", network, backend) to per-seed test MSEs; ``below`` is the
     "Below the paper's budget" sentence or "". ``moved`` maps the same keys to the geometric
     mean over seeds of validation MSE after / before training: a claim that only *orders*
-    ZO runs (ZO_ORDERINGS) is "not measured" when one of its ZO runs did not train (ratio
-    above ZO_TRAINED), since runs that stay at their untrained error order by chance.
+    ZO runs (ZO_ORDERINGS) is "not decided" when one of its ZO runs barely trained (ratio
+    above ZO_TRAINED), since runs near their untrained error order by chance.
     Orderings and ratios are decided on log10 MSE with a tolerance of 2 standard errors of
     the difference of the seeds' mean logs: inside it a claim is "not decided".
     """
@@ -469,23 +474,30 @@ def ledger(mse: dict, below: str = "", moved: dict | None = None) -> list[dict]:
 
 def ledger_from_result(document: dict) -> list[dict]:
     """:func:`ledger` recomputed from a committed result file: ``extra.per_seed_test_mse``
-    ("FO TT-3 768 SG" -> per-seed MSEs) and the budget sentence its first claim carries.
-    The runs' validation MSE before and after training is not in the file, so the
-    stalled-ZO check (``moved``) cannot be replayed; a file whose claims were made "not
-    measured" by it keeps them so."""
+    ("FO TT-3 768 SG" -> per-seed MSEs), ``extra.val_mse_ratio`` (the same keys -> validation
+    MSE after / before, for the trained gate) and the budget sentence its first claim
+    carries. A file from before issue 32 has no ratios, so the gate cannot be replayed on it;
+    its claims that the gate of its day made "not measured" stay so."""
     mse = {}
     for key, values in document["extra"]["per_seed_test_mse"].items():
         kind, *net, backend = key.split(" ")
         mse[(kind, " ".join(net), backend)] = values
+    ratios = document["extra"].get("val_mse_ratio")
+    moved = None if ratios is None else {
+        (kind, " ".join(net), backend): value
+        for (kind, *net, backend), value in ((k.split(" "), v) for k, v in ratios.items())}
     before = {c["id"]: c for c in document.get("claims") or []}
     below = (before.get("pinn-t4-fo-sg-beats-se") or {}).get("note") or ""
-    out = ledger(mse, below)
+    out = ledger(mse, below, moved)
+    if moved is not None:
+        return out
     return [before[c["id"]] if c["id"] in before and before[c["id"]]["holds"] is None
             and c["id"] in ZO_ORDERINGS else c for c in out]
 
 #: A ZO run trained if its validation MSE fell to at most this fraction of the untrained one.
-#: Issue 32: 0.5 let runs at 0.13-0.2x their untrained error decide orderings; an order of
-#: magnitude is the least that tells training from the noise of runs that barely moved.
+#: Issue 32: 0.5 let runs at 0.13-0.2x their untrained error decide orderings (the float32
+#: full run at 3f220be); an order of magnitude is the least that tells training from runs
+#: that barely moved, whose order is then "not decided".
 ZO_TRAINED = 0.1
 #: Claims that order ZO runs against each other: id -> the ZO (network, backend) pairs read.
 ZO_ORDERINGS = {"pinn-t5-zo-sg-best": "T5", "pinn-t5-zo-sg-margin": "T5",
@@ -493,8 +505,9 @@ ZO_ORDERINGS = {"pinn-t5-zo-sg-best": "T5", "pinn-t5-zo-sg-margin": "T5",
 
 
 def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
-    """``entry``, or the same claim "not measured" when a ZO run it orders did not train."""
-    from bpfree.bench.claims import claim
+    """``entry``, or the same claim "not decided" when a ZO run it orders barely trained
+    (validation MSE after / before above :data:`ZO_TRAINED`)."""
+    from bpfree.bench.claims import UNDECIDED, claim
 
     if moved is None or entry["id"] not in ZO_ORDERINGS:
         return entry
@@ -505,15 +518,15 @@ def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
     stalled = [k for k in keys if k in moved and moved[k] > ZO_TRAINED]
     if not stalled:
         return entry
-    why = ("not measured: ZO run(s) that did not train (validation MSE after / before, "
+    why = ("not decided: ZO run(s) that barely trained (validation MSE after / before, "
            "geometric mean of the seeds): " + ", ".join(
                f"{k[1]} {k[2]} {moved[k]:.2f}" for k in stalled)
-           + f"; an ordering of runs that stayed at their untrained error (above "
-           f"{ZO_TRAINED:g}) is chance")
+           + f"; an ordering of runs that did not cut their untrained error to "
+           f"{ZO_TRAINED:g}x is chance")
     note = "; ".join(t for t in (why, entry.get("note")) if t)
     return claim(entry["id"], entry["paper_ref"], entry["statement"], paper=entry["paper"],
-                 ours=entry["ours"] + f" (holds by the rule: {entry['holds']})", holds=None,
-                 note=note)
+                 ours=entry["ours"] + f" (holds by the rule: {entry['holds']})",
+                 holds=UNDECIDED, note=note)
 
 
 def derivative_errors(net, problem, points, reference=None) -> dict:
@@ -595,19 +608,32 @@ def pick_lowest(candidates, scores) -> float:
     return candidates[best]
 
 
-def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
+def zo_ablation(problem, cfg, val, steps: int, mu: float) -> tuple[float, float]:
+    """``(untrained, trained)`` validation MSE of ``steps`` ZO-SG steps at ``mu`` on the
+    paper's TT-3 768 (seed 0): one ablation run of :func:`zo_investigation`."""
+    from bpfree.pinn import train_zo
+
+    net = network(dict(cfg, width=768), "TT-3", problem)
+    res = train_zo(net, problem, _backend("SG"), steps=steps, lr=cfg["zo_lr"],
+                   batch_size=cfg["batch"], n_initial=cfg["n_initial"], num_queries=10,
+                   mu=mu, seed=0, val_points=val, log_every=0)
+    return res.initial_val_mse, res.val_mse
+
+
+def zo_investigation(problem, cfg, val, steps: int, cache=None) -> tuple[list[dict], dict]:
     """Why ZO stays near the untrained MSE: the signRGE step at the paper's μ = 0.1.
 
     On the paper's TT-3 768 (seed 0) with the SG loss of one batch: each μ's RGE cosine with
     the autograd gradient, sign ĝ's cosine, how far one perturbation moves the loss and
     ‖μξ‖ / ‖θ‖ (:func:`bpfree.estimators.alignment.rge_alignment`, 10 queries, 5 draws);
     then ``steps`` ZO-SG training steps per μ in ABLATION_MUS, scored on the *validation*
-    points (a diagnostic: no reported row uses it).
+    points (a diagnostic: no reported row uses it). Each ablation run is kept in ``cache``
+    (``$BPFREE_TASK_CACHE``) as soon as it finishes, like the runs of the tables.
     """
     import torch
 
     from bpfree.estimators.alignment import rge_alignment
-    from bpfree.pinn import pinn_loss, train_zo
+    from bpfree.pinn import pinn_loss
 
     wide = dict(cfg, width=768)
     setting = "TT-3 768 (rank 8), seed 0, SG loss"
@@ -634,16 +660,13 @@ def zo_investigation(problem, cfg, val, steps: int) -> tuple[list[dict], dict]:
                  "value": out["alignment"][f"{ZO_MUS[0]:g}"]["ideal_cosine"],
                  "paper": None})
     for mu in ABLATION_MUS:
-        net = network(wide, "TT-3", problem)
-        res = train_zo(net, problem, _backend("SG"), steps=steps, lr=cfg["zo_lr"],
-                       batch_size=cfg["batch"], n_initial=cfg["n_initial"], num_queries=10,
-                       mu=mu, seed=0, val_points=val, log_every=0)
-        out["ablation"][f"{mu:g}"] = {"initial_val_mse": res.initial_val_mse,
-                                      "val_mse": res.val_mse}
+        before, after = memoized(cache, zo_ablation, (cfg, steps, mu),
+                                 lambda: zo_ablation(problem, cfg, val, steps, mu))
+        out["ablation"][f"{mu:g}"] = {"initial_val_mse": before, "val_mse": after}
         rows.append({"table": TZ, "method": f"μ = {mu:g}",
                      "setting": f"{setting}, {steps} ZO-SG steps, lr {cfg['zo_lr']:g}",
                      "metric": "validation MSE after / before training",
-                     "value": res.val_mse / res.initial_val_mse, "paper": None})
+                     "value": after / before, "paper": None})
     return rows, out
 
 
@@ -757,21 +780,19 @@ def _run(quick: bool):
             rows.append({"table": TD, "method": b, "setting": setting("TT-3") + ", 64 points",
                          "metric": f"relative {part} error vs AD at init", "value": value,
                          "paper": None})
-    plan = planned_config()
     below = (
         f"Below the paper's budget: {cfg['fo_steps']} FO / {cfg['zo_steps']} ZO steps on "
         f"{w}-wide networks with {cfg['batch']} residual points per step (full mode: the "
         "§5.2 settings, 768 wide).") if quick else (
         f"Below the paper's budget: §5.2 states no step count or batch size; this run trains "
         f"{cfg['fo_steps']} FO / {cfg['zo_steps']} ZO steps with {cfg['batch']} residual + "
-        f"{cfg['n_initial']} terminal points per step, to fit 2.5 h on 2 cores (our plan of "
-        f"{plan['zo_steps']} steps at {plan['batch']} + {plan['n_initial']} points projects "
-        f"to {_planned_wall_hours()} wall hours: results/pinn-cost.json).")
-    claims = ledger({k: [r.test_mse for r in v] for k, v in runs.items()}, below,
-                    moved={k: _gmean([r.val_mse / r.initial_val_mse for r in v])
-                           for k, v in runs.items()})
+        f"{cfg['n_initial']} terminal points per step in {cfg.get('dtype', 'float32')}, the "
+        f"largest budget that fits about 3 wall hours on 2 cores (projected "
+        f"{_planned_wall_hours(cfg['zo_steps'])} wall hours: results/pinn-cost.json).")
+    moved = {k: _gmean([r.val_mse / r.initial_val_mse for r in v]) for k, v in runs.items()}
+    claims = ledger({k: [r.test_mse for r in v] for k, v in runs.items()}, below, moved)
     total = time.perf_counter() - start
-    zo_rows, zo_probe = zo_investigation(problem, cfg, val, cfg["zo_steps"])
+    zo_rows, zo_probe = zo_investigation(problem, cfg, val, cfg["zo_steps"], cache)
     rows += zo_rows
     poisson_start = time.perf_counter()
     poisson_rows, poisson_runs = _poisson_table(cfg)
@@ -860,4 +881,6 @@ def _run(quick: bool):
                   # ($BPFREE_TASK_CACHE); their train times are their own
                   "resumed_runs": 0 if cache is None else cache.hits,
                   "per_seed_test_mse": {f"{k} {m} {b}": [r.test_mse for r in v]
-                                        for (k, m, b), v in runs.items()}}
+                                        for (k, m, b), v in runs.items()},
+                  # the trained gate's input (ZO_TRAINED), so a re-ledger can replay it
+                  "val_mse_ratio": {" ".join(k): v for k, v in moved.items()}}

@@ -1,22 +1,29 @@
-"""Projected CPU time of the planned full `bench pinn` run (3000 steps at 64 + 128 points), from measured loss-evaluation times of its tasks.
+"""Projected CPU time of the full `bench pinn` run (64 + 128 points per step), from measured loss-evaluation times of its tasks, and the largest step budget that fits 3 wall hours.
 
-Every (kind, network, derivative backend) run of pinn's planned full configuration
-(``pinn.planned_config``: HJB-20, 768-wide networks, batch 64 interior + 128 terminal points,
-3 seeds, ``fo_steps`` / ``zo_steps`` steps; TT-ZO §5.2 states no step count, 3000 is ours;
-the full run itself trains ``pinn.FITTED_STEPS`` steps) is built as `bench pinn` builds it (same
-networks, same backends, the full run's dtype: float64 since issue 32), and one step's work is timed on one thread as CPU seconds
-(``time.process_time``: robust to other jobs sharing the machine), median over repeats after
-one warm-up:
+Every (kind, network, derivative backend) run of pinn's full configuration
+(``pinn.planned_config``: HJB-20, 768-wide networks, 64 interior + 128 terminal points per
+step, 3 seeds, ``pinn.FITTED_STEPS`` FO and ZO steps; TT-ZO §5.2 states no step count) is
+built as `bench pinn` builds it (same networks, same backends, the full run's dtype: float64
+since issue 32), and one step's work is timed on one thread as CPU seconds
+(``time.process_time``: robust to other jobs sharing the machine), median over a few repeats
+after one warm-up on a 2 + 2-point batch (it builds the sparse grid's plan and the TT
+contraction plans without paying for a full step; at these sizes one step takes seconds, so
+a few repeats suffice and the bench finishes in minutes):
 
 * FO: one loss evaluation and its backward pass (Adam's own arithmetic is not counted);
 * ZO: one loss evaluation without gradients, times the loss evaluations one ZO-signRGE step
   makes (measured from a real ``train_zo`` step: N + 1 with N = 10 queries).
 
 A check row times real ``train_zo`` steps of the cheapest ZO task beside its projection, so
-the reader sees what the projection leaves out. Projected hours = seconds per step x steps x
-seeds. `bench pinn` trains its runs one after the other in one process (torch's intra-op
-threads use both cores), so the wall projection on 2 cores assumes perfect 2-thread scaling:
-a lower bound. ``--quick`` times the same tasks with one repeat (a smoke run of the script).
+the reader sees what the projection leaves out. A task whose first timed call takes
+``ONE_CALL_SECONDS`` or more is timed once. Projected hours = seconds per step x steps x
+the task's runs: its seeds, plus (full mode) its search's candidates on seed 0 for
+``pinn.SEARCH_FRACTION`` of the steps each, plus for ZO TT-3 SG the ``zo_investigation``'s
+ablation runs (one per ``pinn.ABLATION_MUS``). `bench pinn` trains its runs one after the
+other in one process (torch's intra-op threads use both cores), so the wall projection on 2
+cores assumes perfect 2-thread scaling: a lower bound. ``largest_fitting_steps`` is the
+largest FO = ZO step count whose projection fits ``TARGET_WALL_HOURS``; ``pinn.FITTED_STEPS``
+is set to it. ``--quick`` times the same tasks with one repeat (a smoke run of the script).
 """
 
 from __future__ import annotations
@@ -54,9 +61,27 @@ def full_tasks(cfg: dict, models) -> list[tuple[str, str, str]]:
     return list(dict.fromkeys(tasks))
 
 
-def project(per_step: dict, steps: dict, seeds: int) -> dict:
-    """Task -> projected CPU hours of all ``seeds``: seconds per step x its kind's steps."""
-    return {task: seeds * steps[task[0]] * seconds / 3600 for task, seconds in per_step.items()}
+def project(per_step: dict, steps: dict, runs) -> dict:
+    """Task -> projected CPU hours: seconds per step x its kind's steps x its runs (a number
+    for every task, or task -> run-equivalents as :func:`runs_per_task` counts them)."""
+    def count(task):
+        return runs[task] if isinstance(runs, dict) else runs
+
+    return {task: count(task) * steps[task[0]] * seconds / 3600
+            for task, seconds in per_step.items()}
+
+
+def runs_per_task(pinn, cfg: dict, task) -> float:
+    """Full-length run-equivalents `bench pinn` trains for ``task``: one per seed, the
+    search's candidates at ``SEARCH_FRACTION`` of the steps each (when ``cfg`` searches),
+    and for ZO TT-3 SG the zo_investigation's ablation runs."""
+    kind = task[0]
+    n = float(len(cfg["seeds"]))
+    if cfg.get("search"):
+        n += len(pinn.search_candidates(kind, cfg)) * pinn.SEARCH_FRACTION
+    if task == ("ZO", "TT-3", "SG"):
+        n += len(pinn.ABLATION_MUS)
+    return n
 
 
 def wall_hours(hours: dict, cores: int = CORES) -> float:
@@ -64,21 +89,30 @@ def wall_hours(hours: dict, cores: int = CORES) -> float:
     return sum(hours.values()) / cores
 
 
-def largest_fitting_steps(per_step: dict, seeds: int, limit: float, most: int) -> int:
+def largest_fitting_steps(per_step: dict, runs, limit: float, most: int) -> int:
     """The largest step count in [0, ``most``], the same for FO and ZO runs, whose projected
-    wall time is within ``limit`` hours."""
-    per = wall_hours(project(per_step, {"FO": 1, "ZO": 1}, seeds))
+    wall time is within ``limit`` hours (``runs`` as in :func:`project`)."""
+    per = wall_hours(project(per_step, {"FO": 1, "ZO": 1}, runs))
     return most if per <= 0 else min(most, int(limit // per))
 
 
-def _cpu_median(fn, repeats: int) -> float:
-    fn()                                              # warm-up
+#: CPU seconds from which one timed call of a task is enough: a step of seconds is timed to a
+#: few per cent by process_time, and the SE / SG steps at 64 points take tens of seconds.
+ONE_CALL_SECONDS = 2.0
+
+
+def _cpu_median(fn, repeats: int, warmup=None) -> tuple[float, int]:
+    """``(median CPU seconds, calls timed)`` of ``fn``: ``repeats`` calls after one call of
+    ``warmup`` (default ``fn`` itself), or one when that one takes ONE_CALL_SECONDS or more."""
+    (warmup or fn)()
     times = []
     for _ in range(repeats):
         c0 = time.process_time()
         fn()
         times.append(time.process_time() - c0)
-    return statistics.median(times)
+        if times[0] >= ONE_CALL_SECONDS:
+            break
+    return statistics.median(times), len(times)
 
 
 def _zo_forwards_per_step(pinn, cfg, problem, val) -> int:
@@ -112,25 +146,29 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
                      "value": float(value), "paper": None})
 
+    # a 2 + 2-point batch for the warm-up (plans and caches, not a full step's work)
+    small = problem.sample(2, 2, generator=torch.Generator().manual_seed(98),
+                           dtype=getattr(torch, cfg.get("dtype", "float32")))
     for kind, net_name, b in full_tasks(cfg, models):
         net = pinn.network(cfg, net_name, problem, SEED)
         backend = pinn._backend(b, SEED)
 
-        def fo_step():
+        def fo_step(points=batch):
             net.zero_grad(set_to_none=True)
-            pinn_loss(net, problem, backend, batch)["loss"].backward()
+            pinn_loss(net, problem, backend, points)["loss"].backward()
 
-        def zo_loss():
+        def zo_loss(points=batch):
             with torch.no_grad():
-                pinn_loss(net, problem, backend, batch)
+                pinn_loss(net, problem, backend, points)
 
         repeats = 1 if quick else 3
         if kind == "FO":
-            seconds = _cpu_median(fo_step, repeats)
-            how = f"1 loss + backward; median of {repeats}"
+            seconds, timed = _cpu_median(fo_step, repeats, lambda: fo_step(small))
+            how = f"1 loss + backward; median of {timed}"
         else:
-            seconds = forwards * _cpu_median(zo_loss, repeats)
-            how = f"{forwards} loss evaluations; median of {repeats}"
+            seconds, timed = _cpu_median(zo_loss, repeats, lambda: zo_loss(small))
+            seconds *= forwards
+            how = f"{forwards} loss evaluations; median of {timed}"
         per_step[(kind, net_name, b)] = seconds
         row(TABLE, f"{kind}+{b}", f"{net_name}; {how}", "CPU s per step", seconds)
 
@@ -163,20 +201,32 @@ def run(quick: bool) -> tuple[list[dict], dict]:
 
     seeds = len(cfg["seeds"])
     steps = {"FO": int(cfg["fo_steps"]), "ZO": int(cfg["zo_steps"])}
-    hours = project(per_step, steps, seeds)
+    runs = {task: runs_per_task(pinn, cfg, task) for task in per_step}
+    hours = project(per_step, steps, runs)
     for (kind, net_name, b), h in hours.items():
-        row(PROJ, f"{kind}+{b}", f"{net_name}; {steps[kind]} steps x {seeds} seeds",
+        row(PROJ, f"{kind}+{b}", f"{net_name}; {steps[kind]} steps x "
+            f"{runs[(kind, net_name, b)]:g} runs ({seeds} seeds + search"
+            + (" + ablation" if (kind, net_name, b) == ("ZO", "TT-3", "SG") else "") + ")",
             "CPU hours", h)
     wall = wall_hours(hours)
-    row(PROJ, "all runs", f"FO {steps['FO']} / ZO {steps['ZO']} steps x {seeds} seeds",
-        "CPU hours on 1 core", sum(hours.values()))
-    row(PROJ, "all runs", f"FO {steps['FO']} / ZO {steps['ZO']} steps x {seeds} seeds",
-        f"wall hours on {CORES} cores (perfect scaling)", wall)
-    fitting = largest_fitting_steps(per_step, seeds, TARGET_WALL_HOURS, max(steps.values()))
+    setting = (f"FO {steps['FO']} / ZO {steps['ZO']} steps at {cfg['batch']} + "
+               f"{cfg['n_initial']} points, {seeds} seeds, searches and ablation")
+    row(PROJ, "all runs", setting, "CPU hours on 1 core", sum(hours.values()))
+    row(PROJ, "all runs", setting, f"wall hours on {CORES} cores (perfect scaling)", wall)
+    # the budget: wall hours are linear in the steps, so the largest fitting count is exact
+    fitting = largest_fitting_steps(per_step, runs, TARGET_WALL_HOURS, 100_000)
+    per_step_wall = wall_hours(project(per_step, {"FO": 1, "ZO": 1}, runs))
+    row(PROJ, "all runs", f"FO = ZO = {fitting} steps (the largest that fits "
+        f"{TARGET_WALL_HOURS:g} h)", f"wall hours on {CORES} cores (perfect scaling)",
+        fitting * per_step_wall)
     zo_share = sum(h for t, h in hours.items() if t[0] == "ZO") / sum(hours.values())
-    extra = {"seeds": seeds, "steps": steps, "zo_forwards_per_step": forwards,
+    extra = {"seeds": seeds, "steps": steps, "points": [cfg["batch"], cfg["n_initial"]],
+             "runs_per_task": {" ".join(t): n for t, n in runs.items()},
+             "zo_forwards_per_step": forwards,
              "target_wall_hours": TARGET_WALL_HOURS, "full_wall_hours": wall,
              "fits": wall <= TARGET_WALL_HOURS, "largest_fitting_steps": fitting,
+             "wall_hours_per_step": per_step_wall,
+             "fitting_wall_hours": fitting * per_step_wall,
              "zo_share_of_hours": zo_share,
              "heaviest": [f"{k_} {n} {b}: {h:.2f} h" for (k_, n, b), h in
                           sorted(hours.items(), key=lambda kv: -kv[1])[:5]],
@@ -188,7 +238,12 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                  "Poisson-2D companion table are not included (the check row shows how far "
                  "real steps are from the projection on the cheapest ZO task).",
                  f"Wall hours: the runs one after another on {CORES} threads with perfect "
-                 "scaling, a lower bound. largest_fitting_steps: the most steps (the same "
-                 f"for FO and ZO) whose wall projection fits {TARGET_WALL_HOURS:g} h.",
+                 "scaling, a lower bound. Each task counts its seeds, its search's "
+                 "candidates (seed 0, SEARCH_FRACTION of the steps each) and, for ZO TT-3 "
+                 "SG, the zo_investigation's ablation runs (runs_per_task); the "
+                 "investigation's RGE-alignment draws, the per-seed loss timings, "
+                 "validation logging and the Poisson-2D table are not included. "
+                 "largest_fitting_steps: the most steps (the same for FO and ZO) whose wall "
+                 f"projection fits {TARGET_WALL_HOURS:g} h (fitting_wall_hours).",
              ]}
     return rows, extra

@@ -233,12 +233,15 @@ def test_fast_path_takes_the_batched_products_for_every_core(monkeypatch):
     assert seen == [(2, "bias", None)]
 
 
-def test_core_jacobian_is_the_core_columns_in_its_entry_layout():
+@pytest.mark.parametrize("wide", [16, 2])
+def test_core_jacobian_is_the_core_columns_in_its_entry_layout(wide, monkeypatch):
     """_core_jacobian builds J[b, (ν, β, α), o, p] by two products; it equals _core_columns
     (one einsum, (b, o, α, ν, β, p)) permuted, for every core of a 4-core layer (first, middle
-    and last core take different branches)."""
+    and last core take different branches; ``wide`` = 2 sends the middle cores, whose M_> is
+    2, through the broadcast product instead of the einsum)."""
     from bpfree.ttzo import layerwise
 
+    monkeypatch.setattr(layerwise, "_WIDE_RIGHT", wide)
     torch.manual_seed(9)
     layer = TTLinear((2, 3, 2, 2), (3, 2, 1, 2), (1, 2, 3, 2, 1)).double()
     a, _ = _batch(n=5)

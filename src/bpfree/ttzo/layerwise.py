@@ -67,6 +67,19 @@ PIECEWISE_LINEAR = (nn.ReLU, nn.Identity)
 _CHUNK_ELEMS = 1 << 21
 #: Elements of one digit's perturbed outputs ``(B, c, M_<, M_>)`` (larger chunks measured faster).
 _SLICE_ELEMS = 1 << 20
+#: Output digits after a core (``M_>``) from which :func:`_core_jacobian` forms ``J`` by one
+#: broadcast product instead of the einsum (measured on the §5.1 TT-MLP's cores).
+_WIDE_RIGHT = 16
+
+
+@dataclass(frozen=True)
+class _Members:
+    """The points of one tensor on the fast path: their positions in ``points``, flat
+    offsets into the tensor and steps δ (in the layer's dtype)."""
+
+    index: torch.Tensor
+    flat: torch.Tensor
+    deltas: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -180,20 +193,29 @@ def layerwise_losses(objective: Objective, params, points, *,
         return None
     layers, located, acts, outs, base, by_tensor = prepared
     losses = [float("nan")] * len(points)
+    # per step, not per tensor: a (TT-)last layer's dense W' is formed once (issue 32)
+    tails = {li: None if li == len(layers) - 1 else _tail(layers, li)
+             for li in {located[i][0] for i in by_tensor}}
+    # every point's offset and step as tensors once; each tensor's fast path indexes them
+    offsets = torch.tensor([pt[1] for pt in points], dtype=torch.long)
+    steps = torch.tensor([pt[2] for pt in points], dtype=torch.float64)
     for i, members in by_tensor.items():
         li, kind, extra = located[i]
         last = li == len(layers) - 1
-        tail = None if last else _tail(layers, li)
+        tail = tails[li]
         if reference:
             _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
-        elif kind == "core" and (tail is not None or last):
-            _core_slice_losses(objective, layers, li, extra, acts, outs, points, members, losses)
+            continue
+        sel = torch.tensor(members, dtype=torch.long)
+        mine = _Members(sel, offsets[sel], steps[sel].to(outs[li].dtype))
+        if kind == "core" and (tail is not None or last):
+            _core_slice_losses(objective, layers, li, extra, acts, outs, tail, mine, losses)
         elif kind == "bias" and extra is None and _piecewise(tail):
             # a bias entry is a one-entry "core" whose column is 1 on its own output
             z = outs[li]
             ones = z.new_ones(z.shape[0], 1, 1, 1)
             _piecewise_core_losses(objective, ones, z, outs[-1], (1, z.shape[-1], 1, 1), (1, 1),
-                                   tail, points, members, losses)
+                                   tail, mine, losses)
         elif tail is not None and kind != "core":
             # the shortcut's per-coordinate tensors are (C, B) and (C, B, M'), not the
             # reference's (C, B, M): chunks that large run the same arithmetic in far fewer
@@ -230,6 +252,15 @@ def _core_jacobian(layer: TTLinear, a: torch.Tensor, k: int) -> torch.Tensor:
         return t.reshape(B, n * r1, 1, m_gt)
     t = t.view(B, n_lt, n * r1, m_gt)                                     # (B, N_<, (ν, β), M_>)
     left = merge_cores(cores[:k])[0]                                      # (M_<, N_<, r_{k-1})
+    if m_gt == 1 or m_gt >= _WIDE_RIGHT:
+        # J[b, v, (α, o), p] = Σ_i left[o, i, α]·t[b, i, v, p] written straight into its
+        # layout: one (B·v·p, i) @ (i, (α, o)) when p has one value, else one product per
+        # (b, v) with (α, o) rows (2.5x faster than the einsum's permuted copy at p = 32;
+        # slower for a narrow p, which keeps the einsum; torch 2.13, CPU)
+        lt = left.permute(2, 0, 1).reshape(r0 * m_lt, n_lt)              # ((α, o), i)
+        t = t.transpose(1, 2).contiguous()                                # (B, v, i, p)
+        out = torch.mm(t.view(-1, n_lt), lt.T) if m_gt == 1 else torch.matmul(lt, t)
+        return out.view(B, n * r1 * r0, m_lt, m_gt)
     # einsum, not matmul: torch.matmul broadcasting a plain 2-D left operand over this
     # strided batch took 30x longer on the last core (torch 2.13, CPU)
     return torch.einsum("oia,bivp->bvaop", left, t).reshape(B, n * r1 * r0, m_lt, m_gt)
@@ -242,9 +273,10 @@ def _entry(cols: torch.Tensor, shape) -> tuple[torch.Tensor, torch.Tensor]:
     return mu, (nu * shape[3] + beta) * shape[0] + alpha
 
 
-def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, losses) -> None:
+def _core_slice_losses(objective, layers, li, k, acts, outs, tail, members: _Members,
+                       losses) -> None:
     """Fill ``losses[n]`` for the ``members`` of core ``k`` of layer ``li`` (the last layer, or
-    one followed by element-wise activations and one last layer).
+    one followed by ``tail``: element-wise activations and one last layer, see :func:`_tail`).
 
     Entry ``(α, μ, ν, β)`` changes only the outputs ``(o, μ, p)``, by ``δ·J[b, e, o, p]``. For
     one digit ``μ`` the perturbed outputs of every selected entry are one broadcast
@@ -258,24 +290,21 @@ def _core_slice_losses(objective, layers, li, k, acts, outs, points, members, lo
     r0, m, n, r1 = layer.cores[k].shape
     O, P = math.prod(layer.out_factors[:k]), math.prod(layer.out_factors[k + 1:])
     jac = _core_jacobian(layer, a, k)                                  # (B, E, O, P)
-    flat = torch.tensor([points[j][1] for j in members], dtype=torch.long)
-    deltas = torch.tensor([points[j][2] for j in members], dtype=z.dtype, device=z.device)
-    mu, entry = _entry(flat, (r0, m, n, r1))
-    zv = z.view(B, O, m, P)
-    tail = None if li == len(layers) - 1 else _tail(layers, li)
     if _piecewise(tail):
         _piecewise_core_losses(objective, jac, z, logits, (r0, m, n, r1), (O, P), tail,
-                               points, members, losses)
+                               members, losses)
         return
+    deltas, members_t = members.deltas.to(z.device), members.index
+    mu, entry = _entry(members.flat, (r0, m, n, r1))
+    zv = z.view(B, O, m, P)
     if tail is None:
-        _last_core_losses(objective, jac, logits, (O, m, P), mu, entry, deltas, members,
+        _last_core_losses(objective, jac, logits, (O, m, P), mu, entry, deltas, members_t,
                           losses)
         return
     acts_after, w = tail
     wv = w.view(w.shape[0], O, m, P)
     chunk = max(1, _SLICE_ELEMS // (B * O * P))
-    members_t = torch.tensor(members, dtype=torch.long)
-    buf = z.new_empty(B * min(chunk, len(members)) * O * P)
+    buf = z.new_empty(B * min(chunk, members_t.numel()) * O * P)
     for digit in range(m):
         on = (mu == digit).nonzero().flatten()
         if not on.numel():
@@ -315,7 +344,7 @@ def _last_core_losses(objective, jac, logits, split, mu, entry, deltas, members,
     B, C = logits.shape
     onehot = torch.nn.functional.one_hot(mu, m).to(logits.dtype)      # (c, m)
     chunk = max(1, _SLICE_ELEMS // (B * C))
-    for start in range(0, len(members), chunk):
+    for start in range(0, members.numel(), chunk):
         sel = slice(start, start + chunk)
         e, d = entry[sel], deltas[sel]
         c = e.numel()
@@ -323,11 +352,11 @@ def _last_core_losses(objective, jac, logits, split, mu, entry, deltas, members,
         h = (moved.unsqueeze(3) * onehot[sel].view(1, c, 1, m, 1)).view(B, c, C)
         h.add_(logits.unsqueeze(1))
         per = loss_fn(h.view(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
-        for j, value in zip(members[sel], per.tolist()):
+        for j, value in zip(members[sel].tolist(), per.tolist()):
             losses[j] = value
 
 
-def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, points, members,
+def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, members: _Members,
                            losses) -> None:
     """:func:`_core_slice_losses` when the activations after the layer are ReLU / identity:
     every digit's change of the network output in one batched product, without forming the
@@ -354,19 +383,20 @@ def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, points
     if E == O * P == 1:
         # one entry and one output per digit (a bias): the product is J·1[z > 0]·W', (B, M, C)
         scale = ((z > 0).to(z.dtype) if kinked else torch.ones_like(z)) * jac.view(B, 1)
-        unit = scale.unsqueeze(2) * w.T.unsqueeze(0)
+        unit = scale.unsqueeze(2) * w.T.contiguous().unsqueeze(0)
     else:
         active = (zv > 0).to(z.dtype) if kinked else torch.ones_like(zv)
         # g[b, (μ, c), (o, p)] = 1[z_(o, μ, p) > 0]·W'[c, (o, μ, p)]; passed to bmm
-        # transposed, MKL's fast layout for a narrow right operand
-        g = (active.permute(0, 2, 1, 3).unsqueeze(2)
-             * wv.permute(2, 0, 1, 3).unsqueeze(0)).reshape(B, m * C, O * P)
+        # transposed, MKL's fast layout for a narrow right operand. Both factors made
+        # contiguous in (μ, o, p) order first and the product written into its own buffer:
+        # a broadcast of the strided views ran 3x slower at M_> = 1 (torch 2.13, CPU)
+        g = torch.mul(active.permute(0, 2, 1, 3).contiguous().unsqueeze(2),
+                      wv.permute(2, 0, 1, 3).contiguous().unsqueeze(0),
+                      out=z.new_empty(B, m, C, O, P)).view(B, m * C, O * P)
         unit = torch.bmm(jac.view(B, E, O * P), g.transpose(1, 2))    # (B, (ν, β, α), (μ, c))
         # -> (B, (α, μ, ν, β), C): the core's flat order
         unit = unit.view(B, n * r1, r0, m, C).permute(0, 2, 3, 1, 4).reshape(B, -1, C)
-    flat = torch.tensor([points[j][1] for j in members], dtype=torch.long)
-    deltas = torch.tensor([points[j][2] for j in members], dtype=z.dtype, device=z.device)
-    members_t = torch.tensor(members, dtype=torch.long)
+    flat, deltas, members_t = members.flat, members.deltas.to(z.device), members.index
     for sel in _rounds(flat):
         c = sel.numel()
         cols, d = flat[sel], deltas[sel]
@@ -407,8 +437,10 @@ def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
     reach = torch.maximum(jac.amax(1), jac.amin(1).neg_()).unsqueeze(2)        # (B, O, 1, P)
     reach = reach * table.abs().amax(1).view(1, 1, m, 1)
     b, o, u, p = (zv.abs() <= reach).nonzero(as_tuple=True)
-    flat_h = h.view(B * c, C)
-    w_rows = wv.reshape(C, -1).T                # (M, C): W' row of each output (o, μ, p)
+    flat_h = h.view(-1)
+    # (M, C): W' row of each output (o, μ, p), contiguous: index_select on the transposed
+    # view was 4x slower (torch 2.13, CPU)
+    w_rows = wv.reshape(C, -1).T.contiguous()
     jac_rows = jac.permute(0, 2, 3, 1)          # (B, O, P, E): one gather per candidate
     step = max(1, _CHUNK_ELEMS // E)
     for start in range(0, b.numel(), step):
@@ -416,20 +448,29 @@ def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
         moved = table[us] * jac_rows[bs, os_, ps]                       # (k, E): δ·J
         zc = zv[bs, os_, us, ps].unsqueeze(1)
         after = zc + moved
-        # only a crossing changes σ's slope; elsewhere κ is 0 exactly
-        k, e = ((after > 0) != (zc > 0)).nonzero(as_tuple=True)
-        if not k.numel():
+        # only a crossing changes σ's slope; elsewhere κ is 0 exactly. Flat positions and
+        # 1-D gathers: the 2-D advanced indexing of (k, e) pairs cost 3x more
+        crossed = ((after > 0) != (zc > 0)).view(-1).nonzero().squeeze(1)
+        if not crossed.numel():
             continue
-        zk, ak, mk = zc[k, 0], after[k, e], moved[k, e]
+        k, e = crossed // E, crossed % E
+        zk = zc.view(-1).index_select(0, k)
+        ak, mk = after.view(-1).index_select(0, crossed), moved.view(-1).index_select(0, crossed)
         kink = ak.relu() - zk.relu() - mk * (zk > 0)
-        rows = bs[k] * c + column[us[k], e]
-        outputs = (os_[k] * m + us[k]) * P + ps[k]
-        flat_h.index_add_(0, rows, kink.unsqueeze(1) * w_rows.index_select(0, outputs))
+        us_k = us.index_select(0, k)
+        rows = bs.index_select(0, k) * c + column.view(-1).index_select(0, us_k * E + e)
+        outputs = (os_.index_select(0, k) * m + us_k) * P + ps.index_select(0, k)
+        # on the flat view: one scalar add per element in the same order as a row-wise
+        # index_add_, which adds (C,) rows one by one (2.5x slower, torch 2.13 CPU)
+        flat_h.index_add_(0, (rows.unsqueeze(1) * C + torch.arange(C)).view(-1),
+                          (kink.unsqueeze(1) * w_rows.index_select(0, outputs)).view(-1))
 
 
 def _rounds(flat: torch.Tensor) -> list[torch.Tensor]:
     """Positions of ``flat`` split so that no offset repeats within one group (central CGE
     evaluates each coordinate at ``+δ`` and ``−δ``), in order of first occurrence."""
+    if torch.unique(flat).numel() == flat.numel():
+        return [torch.arange(flat.numel())]     # no repeats (forward CGE): one group
     seen: dict[int, int] = {}
     groups: list[list[int]] = []
     for pos, j in enumerate(flat.tolist()):
