@@ -494,6 +494,7 @@ def test_cost_projection_covers_every_full_run_once_and_scales_with_steps():
     assert hours[("ZO", "a", "SG")] == pytest.approx(6.0 * 10 * 2.0 / 3600)
 
 
+@pytest.mark.slow  # a whole (tiny) full-mode run: 150 s under load, too long for CI's suite
 def test_benchmark_full_mode_claims_say_the_fitted_budget(tmp_path, monkeypatch):
     bench = _tiny_bench(tmp_path, monkeypatch)
     rows, extra = bench._run(False)
