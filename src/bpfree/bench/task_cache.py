@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..checkpoint.resume import FitSnapshots, active
 from ..io import atomic_write_bytes
 from .environment import git_state
@@ -99,8 +101,6 @@ class _DigestPickler(pickle._Pickler):  # the Python pickler: it asks reducer_ov
     process."""
 
     def persistent_id(self, obj: Any):
-        import torch
-
         if isinstance(obj, torch.Tensor):
             t = obj.detach()
             if t.is_sparse or t.layout != torch.strided:
