@@ -93,6 +93,23 @@ def test_no_torch_load_in_src_can_unpickle():
     assert [c for c, safe in calls if not safe] == []
 
 
+def test_only_signed_pickles_are_unpickled_in_src():
+    """``pickle.load(s)`` and ``pickle.Unpickler`` appear only where the bytes passed
+    bpfree.signed_pickle's check first: the module itself and the epoch snapshots (whose
+    method blob sits inside a signed payload)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    allowed = {"bpfree/signed_pickle.py", "bpfree/checkpoint/resume.py"}
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "pickle"
+                    and node.attr in ("load", "loads", "Unpickler")):
+                found.append(str(path.relative_to(src)))
+    assert "bpfree/signed_pickle.py" in found, "the scan is looking in the wrong place"
+    assert sorted(set(found) - allowed) == []
+
+
 # ------------------------------------------------------------------------------- ledger
 
 HEADER = {"run": "test"}

@@ -17,6 +17,10 @@ and bytes. A dirty
 checkout is refused, because the stored results could not be traced to any revision. The
 benchmark's JSON then holds the revision, as always; its ``seconds`` count only the resumed
 run, while each task keeps its own measured time.
+
+Results are signed pickles (:mod:`bpfree.signed_pickle`): a file this user's key did not
+sign (a cache folder copied from elsewhere, an altered file) is never unpickled; it counts
+as missing and the task runs again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 import torch
 
+from .. import signed_pickle
 from ..checkpoint.resume import FitSnapshots, active
 from ..io import atomic_write_bytes
 from .environment import git_state
@@ -66,8 +71,7 @@ class TaskCache:
         ``(False, None)``. An unreadable file (cut off, corrupt) counts as missing."""
         path = self.path(fn, task)
         try:
-            with open(path, "rb") as fh:
-                value = pickle.load(fh)
+            value = signed_pickle.loads(path.read_bytes())  # unsigned or foreign: missing
         except FileNotFoundError:
             return False, None
         except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
@@ -78,8 +82,7 @@ class TaskCache:
     def store(self, fn: Callable, task: Any, value: Any) -> None:
         """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file), and
         drop the task's epoch snapshots, which only a cut-off run needs."""
-        atomic_write_bytes(self.path(fn, task), pickle.dumps(value, protocol=4),
-                           what=f"${ENV}")
+        atomic_write_bytes(self.path(fn, task), signed_pickle.dumps(value), what=f"${ENV}")
         shutil.rmtree(self.snapshot_dir(fn, task), ignore_errors=True)
 
     def snapshot_dir(self, fn: Callable, task: Any) -> Path:

@@ -22,7 +22,8 @@ caller shares with the method other than the model) is not restored. A method th
 pickle trains on without snapshots (one warning).
 
 Snapshots are pickles that this library writes into the task cache's own folder, next to the
-cache's results, and reads back only from there; they are never read from a user-given path.
+cache's results, signed with this user's key (:mod:`bpfree.signed_pickle`): a snapshot the
+key did not sign is never unpickled, and the run starts that ``fit`` from epoch 0.
 A task's folder is removed once its result is stored.
 """
 
@@ -38,6 +39,7 @@ from typing import Any
 
 import torch
 
+from .. import signed_pickle
 from ..io import atomic_write_bytes
 
 __all__ = ["FitSnapshot", "FitSnapshots", "active", "next_fit_snapshot"]
@@ -134,15 +136,16 @@ class FitSnapshot:
             return
         payload = {"state": state, "model_state": model.state_dict(),
                    "method": buffer.getvalue()}
-        atomic_write_bytes(self.path, pickle.dumps(payload, protocol=4),
-                           what="epoch snapshot")
+        atomic_write_bytes(self.path, signed_pickle.dumps(payload), what="epoch snapshot")
 
     def load(self, method: Any, model: torch.nn.Module) -> dict | None:
         """The saved ``state``, after copying the saved model values into ``model`` and the
         saved method's attributes into ``method``; None (and nothing changed) when there is
         no readable snapshot."""
         try:
-            payload = pickle.loads(self.path.read_bytes())
+            # Signed by this user's key or refused before anything is unpickled; the method
+            # blob inside is covered by the same signature.
+            payload = signed_pickle.loads(self.path.read_bytes())
             state, model_state, blob = payload["state"], payload["model_state"], payload["method"]
         except FileNotFoundError:
             return None

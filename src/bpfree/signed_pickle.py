@@ -1,0 +1,87 @@
+"""Pickles that only this machine's user can have written: an HMAC tag checked before loading.
+
+The benchmark task cache (``BPFREE_TASK_CACHE``) and the epoch snapshots of
+:mod:`bpfree.checkpoint.resume` hold arbitrary Python objects (a task's result dict, a
+trainer), which only pickle can store. But unpickling runs code, and the cache folder is a
+path the user gives: a folder copied from elsewhere could hold a hostile file. So every such
+pickle is written as ``MAGIC + HMAC-SHA256(key, payload) + payload``, with a 32-byte key
+that this module creates once per user (``$BPFREE_PICKLE_KEY`` names its file; default
+``~/.cache/bpfree/pickle.key``, mode 0600), and :func:`loads` refuses, before unpickling
+anything, a file whose tag does not match. A cache written by another user or machine is
+therefore treated as missing and recomputed, never executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import secrets
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAGIC", "SignatureError", "dumps", "key_path", "loads", "verified_payload"]
+
+MAGIC = b"BPFSIG1\n"
+_TAG = hashlib.sha256().digest_size
+
+
+class SignatureError(ValueError):
+    """The data was not written by :func:`dumps` with this user's key."""
+
+
+def key_path() -> Path:
+    """Where this user's key lives: ``$BPFREE_PICKLE_KEY`` or ``~/.cache/bpfree/pickle.key``."""
+    named = os.environ.get("BPFREE_PICKLE_KEY", "")
+    if named:
+        return Path(named).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "bpfree" / "pickle.key"
+
+
+def _key() -> bytes:
+    path = key_path()
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # O_EXCL: two workers creating it at once agree on the first one's key
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return _key()
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(secrets.token_bytes(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        key = path.read_bytes()
+    if len(key) != 32:
+        raise SignatureError(f"{path} is not a bpfree pickle key (32 bytes, got {len(key)}); "
+                             "delete it to make a new one (cached results will be recomputed)")
+    return key
+
+
+def dumps(obj: Any, *, pickler: type[pickle.Pickler] | None = None) -> bytes:
+    """``obj`` pickled (protocol 4, optionally by a ``pickler`` subclass) and signed."""
+    buffer = io.BytesIO()
+    (pickler or pickle.Pickler)(buffer, protocol=4).dump(obj)
+    payload = buffer.getvalue()
+    return MAGIC + hmac.new(_key(), payload, hashlib.sha256).digest() + payload
+
+
+def verified_payload(data: bytes) -> bytes:
+    """The pickle inside ``data`` once its tag checks out; SignatureError otherwise."""
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _TAG:
+        raise SignatureError("not a signed bpfree pickle")
+    tag, payload = data[len(MAGIC):len(MAGIC) + _TAG], data[len(MAGIC) + _TAG:]
+    if not hmac.compare_digest(tag, hmac.new(_key(), payload, hashlib.sha256).digest()):
+        raise SignatureError("the signature does not match this user's key (a file written "
+                             "elsewhere, or altered)")
+    return payload
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle ``data`` written by :func:`dumps` with this user's key; SignatureError (and
+    nothing unpickled) otherwise."""
+    return pickle.loads(verified_payload(data))
