@@ -22,7 +22,7 @@ import torch
 
 from ..progress import progress_bar
 from .environment import cpu_model
-from .task_cache import TaskCache, run_resumable
+from .task_cache import TaskCache, run_resumable, snapshots_of
 
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
 
@@ -79,24 +79,25 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
     if set(keys) != set(tasks):
         raise ValueError("order must list every task key exactly once")
     results = {}
-    if cache is not None:
-        for k in keys:
-            found, value = cache.load(fn, tasks[k])
-            if found:
-                results[k] = value
-        keys = [k for k in keys if k not in results]
+    # Each task's cache file, digested once (the digest hashes the task's data and model).
+    paths = {} if cache is None else {k: cache.path(fn, tasks[k]) for k in keys}
+    for k, path in paths.items():
+        found, value = cache.read(path)
+        if found:
+            results[k] = value
+    keys = [k for k in keys if k not in results]
 
     def runnable(k) -> tuple[Callable, Any]:
         # Under a cache, each task saves epoch snapshots, so a cut-off long run resumes
         # inside itself, not only at the next task (checkpoint.resume).
         if cache is None:
             return fn, tasks[k]
-        return functools.partial(run_resumable, fn, cache.snapshot_dir(fn, tasks[k])), tasks[k]
+        return functools.partial(run_resumable, fn, snapshots_of(paths[k])), tasks[k]
 
     def finished(k, value) -> None:
         results[k] = value
         if cache is not None:
-            cache.store(fn, tasks[k], value)
+            cache.write(paths[k], value)
         bar.update(1)
 
     bar = progress_bar(len(keys), "tasks", progress or False, unit="task")

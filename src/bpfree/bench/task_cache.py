@@ -42,7 +42,7 @@ from ..checkpoint.resume import FitSnapshots, active
 from ..io import atomic_write_bytes
 from .environment import git_state
 
-__all__ = ["ENV", "TaskCache", "from_environment", "memoized", "run_resumable", "task_digest"]
+__all__ = ["ENV", "TaskCache", "from_environment", "memoized", "run_resumable", "snapshots_of", "task_digest"]
 
 #: The environment variable that names the cache folder (unset or empty: no cache).
 ENV = "BPFREE_TASK_CACHE"
@@ -69,7 +69,21 @@ class TaskCache:
     def load(self, fn: Callable, task: Any) -> tuple[bool, Any]:
         """``(True, result)`` when ``fn(task)`` finished before at this revision, else
         ``(False, None)``. An unreadable file (cut off, corrupt) counts as missing."""
-        path = self.path(fn, task)
+        return self.read(self.path(fn, task))
+
+    def store(self, fn: Callable, task: Any, value: Any) -> None:
+        """Keep ``fn(task)``'s result (:meth:`write`)."""
+        self.write(self.path(fn, task), value)
+
+    def snapshot_dir(self, fn: Callable, task: Any) -> Path:
+        """The folder of ``fn(task)``'s epoch snapshots (:mod:`bpfree.checkpoint.resume`)."""
+        return snapshots_of(self.path(fn, task))
+
+    # The same three on a path from :meth:`path`, for callers that hold it: a task's digest
+    # pickles and hashes the whole task (its data and model), so it is computed once per task.
+
+    def read(self, path: Path) -> tuple[bool, Any]:
+        """:meth:`load` of the result stored at ``path``."""
         try:
             value = signed_pickle.loads(path.read_bytes())  # unsigned or foreign: missing
         except FileNotFoundError:
@@ -79,15 +93,16 @@ class TaskCache:
         self.hits += 1
         return True, value
 
-    def store(self, fn: Callable, task: Any, value: Any) -> None:
-        """Keep ``fn(task)``'s result, written atomically (a kill leaves no partial file), and
-        drop the task's epoch snapshots, which only a cut-off run needs."""
-        atomic_write_bytes(self.path(fn, task), signed_pickle.dumps(value), what=f"${ENV}")
-        shutil.rmtree(self.snapshot_dir(fn, task), ignore_errors=True)
+    def write(self, path: Path, value: Any) -> None:
+        """Keep a result at ``path``, written atomically (a kill leaves no partial file), and
+        drop its epoch snapshots, which only a cut-off run needs."""
+        atomic_write_bytes(path, signed_pickle.dumps(value), what=f"${ENV}")
+        shutil.rmtree(snapshots_of(path), ignore_errors=True)
 
-    def snapshot_dir(self, fn: Callable, task: Any) -> Path:
-        """The folder of ``fn(task)``'s epoch snapshots (:mod:`bpfree.checkpoint.resume`)."""
-        return self.path(fn, task).with_suffix(".epochs")
+
+def snapshots_of(path: Path) -> Path:
+    """The epoch snapshot folder that belongs to the result file ``path``."""
+    return path.with_suffix(".epochs")
 
 
 def run_resumable(fn: Callable, snapshot_dir: str | os.PathLike, task: Any) -> Any:
@@ -143,12 +158,13 @@ def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable
     """
     if cache is None:
         return compute()
-    found, value = cache.load(fn, task)
+    path = cache.path(fn, task)
+    found, value = cache.read(path)
     if found:
         return value
-    with active(FitSnapshots(cache.snapshot_dir(fn, task))):
+    with active(FitSnapshots(snapshots_of(path))):
         value = compute()
-    cache.store(fn, task, value)
+    cache.write(path, value)
     return value
 
 
