@@ -151,6 +151,18 @@ static void row_product(const int32_t *pairs, int k2, const int16_t *w, int c_ou
 
 
 #if BPF_AVX2
+/* store8 of requant8 with the channels' constants prepared by the caller (bpf_mbqm8_prepare,
+ * once per call): acc + bias, the multiply and shift, the zero point, the offset, the clamp. */
+static inline void requant_store8(__m256i acc, __m256i bias, const bpf_mbqm8_consts *k,
+                                  __m256i zp, const bpf_epilogue *e, const int16_t *offset,
+                                  int c, int8_t *out) {
+    __m256i v = _mm256_add_epi32(acc, bias);
+    store8(_mm256_add_epi32(bpf_mbqm8_k(v, k->m, k->m_odd, k->r, k->mask, k->half), zp), e,
+           offset, c, out);
+}
+#endif
+
+#if BPF_AVX2
 /* Dense rows when every output channel fits in registers (C = 8 * B, B <= MAX_TILE) and the
  * vector epilogue is exact: the same arithmetic as row_product + finish8, with the row loop
  * inside, so the epilogue's per-channel constants are prepared once per call rather than
@@ -195,12 +207,8 @@ static inline __attribute__((always_inline)) void dense_rows(
         }
         int8_t *op = out + p * c_out;
         const int16_t *off = offset ? offset + p * c_out : 0;
-        for (int b = 0; b < B; b++) {
-            __m256i v = _mm256_add_epi32(acc[b], bias[b]);
-            __m256i y = _mm256_add_epi32(bpf_mbqm8_k(v, kc[b].m, kc[b].m_odd, kc[b].r,
-                                                     kc[b].mask, kc[b].half), zp);
-            store8(y, e, off, 8 * b, op);
-        }
+        for (int b = 0; b < B; b++)
+            requant_store8(acc[b], bias[b], &kc[b], zp, e, off, 8 * b, op);
     }
 }
 #endif
@@ -284,10 +292,8 @@ static inline __attribute__((always_inline)) void depthwise_interior(
             acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(
                 bpf_load8_s8(px + tap[t] + c),
                 _mm256_loadu_si256((const __m256i *)(w + (int64_t)t * c_n + c))));
-        const bpf_mbqm8_consts *k = kc + c / 8;
-        __m256i v = _mm256_add_epi32(acc, _mm256_loadu_si256((const __m256i *)(e->bias + c)));
-        store8(_mm256_add_epi32(bpf_mbqm8_k(v, k->m, k->m_odd, k->r, k->mask, k->half), zp),
-               e, off, c, out);
+        requant_store8(acc, _mm256_loadu_si256((const __m256i *)(e->bias + c)), kc + c / 8, zp,
+                       e, off, c, out);
     }
 }
 #endif
@@ -354,12 +360,9 @@ void bpf_depthwise(const int8_t *x, int n, int h, int wd, int c_n, int32_t zx, c
                             acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(
                                 _mm256_sub_epi32(bpf_load8_s8(x + toff[t] + c), vzx),
                                 _mm256_loadu_si256((const __m256i *)(w + tw[t] + c))));
-                        const bpf_mbqm8_consts *k = kc + c / 8;
-                        __m256i v = _mm256_add_epi32(
-                            acc, _mm256_loadu_si256((const __m256i *)(e->bias + c)));
-                        store8(_mm256_add_epi32(bpf_mbqm8_k(v, k->m, k->m_odd, k->r, k->mask,
-                                                            k->half), zp),
-                               e, off, c, out + o);
+                        requant_store8(acc,
+                                       _mm256_loadu_si256((const __m256i *)(e->bias + c)),
+                                       kc + c / 8, zp, e, off, c, out + o);
                     }
                     continue;
                 }
