@@ -224,8 +224,10 @@ FEWSHOT_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
 def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int, m: int,
                     seed: int, temperature, feats: dict, ff_overrides: dict | None = None
-                    ) -> tuple[float, int]:
-    """Query accuracy (%) of one method on one episode, and its per-sample forwards.
+                    ) -> tuple[float, int, tuple[float, float] | None]:
+    """Query accuracy (%) of one method on one episode, its per-sample forwards, and its
+    support-set loss at the first and the last step (``None`` for zero-shot): the evidence
+    that a baseline trained (the last step's loss below the first's).
 
     Every trained method starts from the prototype-initialised episode head with logit scale
     ``temperature`` and takes ``steps`` full-batch steps on the support set with AdamW
@@ -251,7 +253,7 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
 
     if mth == "zero-shot":
         fs, fq = frozen("fp32")
-        return score(protonet_predict(fs, ep.support_y, fq)), 0
+        return score(protonet_predict(fs, ep.support_y, fq)), 0, None
     if mth in ("BP FT", "FF FT"):
         model = with_episode_head(backbone, ep, temperature=temperature)
         method = "bp" if mth == "BP FT" else "ff"
@@ -260,7 +262,7 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
                          batch_size=n_s, lr=lr, seed=seed, config=cfg)
         fn = feature_function(out["model"])
         return (score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x))),
-                out["forwards"])
+                out["forwards"], _first_last(out["loss"]))
     if mth in ("BP LP", "FF LP", "FF LP 16w8a"):
         prec = "16w8a" if mth == "FF LP 16w8a" else "fp32"
         fs, fq = frozen(prec)
@@ -269,8 +271,13 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
         cfg = None if method == "bp" else ff_config(prec, m=m, seed=seed, **ffo)
         out = train_head(head, method, fs, ep.support_y, epochs=steps, batch_size=n_s, lr=lr,
                          seed=seed, config=cfg)
-        return score(out["model"](fq).argmax(1)), out["forwards"]
+        return score(out["model"](fq).argmax(1)), out["forwards"], _first_last(out["loss"])
     raise ValueError(f"unknown few-shot method {mth!r}; expected one of {FEWSHOT_METHODS}")
+
+
+def _first_last(losses: list[float]) -> tuple[float, float]:
+    """The first and the last step's support-set loss of one run."""
+    return float(losses[0]), float(losses[-1])
 
 
 def _steps_of(mth: str, steps: int, lp_steps: int | None) -> int:
@@ -300,7 +307,8 @@ def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes
     adapted backbone features for FT, the trained head for LP.
 
     Returns ``{"accuracies": {method: [per-episode %]}, "seconds": {method: s},
-    "forwards": {method: per-sample forwards per episode}, "lrs"}``.
+    "forwards": {method: per-sample forwards per episode}, "support_losses": {method:
+    [(first step's, last step's) support loss per episode]}, "lrs"}``.
     """
     torch.set_num_threads(1)
     missing = [mth for mth in methods if mth != "zero-shot" and mth not in lrs]
@@ -311,18 +319,22 @@ def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes
     accs = {mth: [] for mth in methods}
     secs = dict.fromkeys(methods, 0.0)
     fw = dict.fromkeys(methods, 0)
+    losses = {mth: [] for mth in methods if mth != "zero-shot"}
     for e_i in range(lo, hi):
         ep = eps_all[e_i]
         feats: dict = {}
         for mth in methods:
             t0 = time.perf_counter()
-            acc, fw[mth] = _fewshot_method(mth, backbone, ep, lr=lrs.get(mth, 0.0),
-                                           steps=_steps_of(mth, steps, lp_steps), m=m,
-                                           seed=seed + e_i,
-                                           temperature=temperature, feats=feats)
+            acc, fw[mth], loss = _fewshot_method(mth, backbone, ep, lr=lrs.get(mth, 0.0),
+                                                 steps=_steps_of(mth, steps, lp_steps), m=m,
+                                                 seed=seed + e_i,
+                                                 temperature=temperature, feats=feats)
             secs[mth] += time.perf_counter() - t0
             accs[mth].append(acc)
+            if loss is not None:
+                losses[mth].append(loss)
     return {"accuracies": accs, "seconds": secs, "forwards": fw, "lo": lo, "hi": hi,
+            "support_losses": losses,
             "lrs": {k: v for k, v in lrs.items() if k in methods}}
 
 

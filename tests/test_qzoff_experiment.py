@@ -171,6 +171,16 @@ def test_fewshot_and_ood_tasks_on_mnist():
     assert out["forwards"]["FF FT"] == 2 * 6 * 25          # FT: `steps`
     assert out["forwards"]["FF LP"] == 3 * 6 * 25          # LP: `lp_steps`
     assert out["forwards"]["BP LP"] == 3 * 25
+    # support losses: one (first step, last step) pair per episode and trained method; BP LP's
+    # first-step loss is the prototype head's cross-entropy on the frozen support features
+    assert set(out["support_losses"]) == set(FEWSHOT_METHODS[1:])
+    assert all(len(v) == 2 for v in out["support_losses"].values())
+    ep1 = episodes[1]
+    fs1 = frozen_features(build_backbone(5, state), ep1.support_x, "fp32")
+    with torch.no_grad():
+        ce = nn.functional.cross_entropy(prototype_head(fs1, ep1.support_y, 5, "loo")(fs1),
+                                         ep1.support_y)
+    assert out["support_losses"]["BP LP"][0][0] == pytest.approx(float(ce), rel=1e-5)
     # chunks of one draw agree with a single call
     again = fewshot_chunk(state, 5, "mnist", (5, 6, 7, 8, 9), episodes=3, lo=2, hi=3, steps=2,
                           lrs={}, methods=("zero-shot",))
@@ -208,6 +218,62 @@ def _bench_module():
     from bpfree.bench.runner import load_module
 
     return load_module("qzo_ff")
+
+
+def test_rate_grid_extends_past_a_chosen_edge_and_merges():
+    bench = _bench_module()
+    assert bench.rate_beyond_edge({1e-3: 80.0, 1e-2: 79.0, 1e-1: 70.0}, 1e-3) == \
+        pytest.approx(1e-4)
+    assert bench.rate_beyond_edge({1e-3: 70.0, 3e-3: 75.0, 1e-2: 79.0}, 1e-2) == \
+        pytest.approx(1e-2 * 1e-2 / 3e-3)
+    assert bench.rate_beyond_edge({1e-3: 70.0, 3e-3: 80.0, 1e-2: 79.0}, 3e-3) is None
+    # a flat curve: the smallest rate wins the tie, but a smaller one would change nothing
+    assert bench.rate_beyond_edge({1e-3: 75.1, 3e-3: 75.1, 1e-2: 74.9}, 1e-3) is None
+    first = {"lr": 1e-3, "scores": {1e-3: 80.0, 1e-2: 79.0}, "zero_shot": 75.0,
+             "episodes": 4, "wall_seconds": 2.0}
+    lower = bench.merge_validation(first, {"lr": 1e-4, "scores": {1e-4: 81.0},
+                                           "wall_seconds": 1.0})
+    assert lower["lr"] == 1e-4 and lower["extensions"] == 1 and lower["wall_seconds"] == 3.0
+    assert bench.rate_beyond_edge(lower["scores"], lower["lr"]) == pytest.approx(1e-5)
+    tie = bench.merge_validation(lower, {"lr": 1e-5, "scores": {1e-5: 81.0}})
+    assert tie["lr"] == 1e-5 and tie["extensions"] == 2     # ties go to the smaller rate
+    assert bench.rate_beyond_edge(tie["scores"], tie["lr"]) is None   # and stop there
+
+
+def test_bp_fewshot_sanity_needs_the_support_loss_to_fall():
+    bench = _bench_module()
+    doms = ["A", "B"]
+
+    def rows(last_ft):
+        out = []
+        for d in doms:
+            for k in ("FT", "LP"):
+                out += [{"table": bench.T_GAIN, "method": f"BP {k}", "setting": d,
+                         "metric": "gain (points)", "value": 3.0},
+                        {"table": bench.T_GAIN, "method": f"BP {k}", "setting": d,
+                         "metric": "95% CI (±)", "value": 1.0},
+                        {"table": bench.T_FEW_LOSS, "method": f"BP {k}", "setting": d,
+                         "metric": "first step", "value": 1.0},
+                        {"table": bench.T_FEW_LOSS, "method": f"BP {k}", "setting": d,
+                         "metric": "last step", "value": last_ft if k == "FT" else 0.5}]
+        return bench._Rows(out)
+
+    def verdicts(r):
+        got = bench.baseline_sanity(r, doms, [], 3, 50.0, (90.0, 1.0))
+        return {c["id"]: c for c in got}
+
+    ok = verdicts(rows(0.2))
+    assert ok["qzoff-sanity-bp-ft"]["holds"] is True and "note" not in ok["qzoff-sanity-bp-ft"]
+    assert "support loss A: 1.000 -> 0.200" in ok["qzoff-sanity-bp-ft"]["ours"]
+    assert verdicts(rows(1.5))["qzoff-sanity-bp-ft"]["holds"] is False
+    # a run without loss rows (before they were recorded) is decided by the accuracy, and
+    # says so
+    plain = bench._Rows([{"table": bench.T_GAIN, "method": f"BP {k}", "setting": d,
+                          "metric": m, "value": v}
+                         for d in doms for k in ("FT", "LP")
+                         for m, v in (("gain (points)", 3.0), ("95% CI (±)", 1.0))])
+    c = verdicts(plain)["qzoff-sanity-bp-ft"]
+    assert c["holds"] is True and "accuracy alone" in c["note"]
 
 
 def test_bench_findings_helpers():
