@@ -142,3 +142,21 @@ def test_each_method_trains_only_the_block_at_its_forward_cost(experiment):
         assert r["changed_values"] <= in_block, m      # nothing outside the block moved
     with pytest.raises(ValueError, match="selected block"):
         experiment.task_same_selection("pmt", q, (x, y), (x, y), P, [], 0.1)
+
+
+@pytest.mark.slow  # the whole quick run: minutes on 2 cores (dense CGE on a 3,744-weight block)
+def test_quick_run_writes_table6_rows_and_a_computed_ledger(t6, monkeypatch):
+    from bpfree.data import mnist_files, require_data_root
+
+    require_data_root("mnist", mnist_files("train") + mnist_files("test"))
+    monkeypatch.delenv("BPFREE_TASK_CACHE", raising=False)
+    rows, extra = t6.run(True)
+    table = {(r["method"], r["metric"]): r for r in rows if r["table"] == t6.TABLE}
+    for m in t6.METHODS:
+        assert table[(t6.LABELS[m], "epochs")]["value"] >= 1
+        assert table[(t6.LABELS[m], "test accuracy mean over seeds (%)")]["paper"] == \
+            t6.PAPER_TABLE6[m][3]
+        assert len(extra["methods"][m]["grid"]) >= 3
+    got = _by_id(extra["claims"])
+    assert got["pmt-t6-same-selection"]["holds"] in (True, False, claims.UNDECIDED)
+    assert got == _by_id(t6.ledger_from_result({"extra": extra, "quick": True}))
