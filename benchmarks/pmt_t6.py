@@ -314,7 +314,7 @@ def _budget_below(extra: dict) -> str | None:
     if extra["train_images"] < paper["train_images"]:
         short.append(f"{extra['train_images']} training images (paper "
                      f"{paper['train_images']})")
-    return "Below the paper's budget: " + ", ".join(short) + "." if short else None
+    return "below the paper's budget: " + ", ".join(short) if short else None
 
 
 def ledger(extra: dict, quick: bool) -> list[dict]:
@@ -346,8 +346,9 @@ def ledger(extra: dict, quick: bool) -> list[dict]:
         "gave MeZO PMT's 2.0E+07 and DeepZero its own 50 epochs (9.28E+08 and 9.28E+07: 46x "
         "and 4.6x PMT's); ours follow the same rule, so DeepZero's ratios are set by this "
         "block's weight count",
-        (f"sanity: {', '.join(untrained)} did not pass its trains-check, so its row is a "
-         "bug to fix rather than evidence" if untrained else None),
+        (f"sanity: {', '.join(untrained)} did not pass the trains-check "
+         "(pmt-t6-*-trains), so that row is not evidence for the ordering" if untrained
+         else None),
         f"tolerance: {K_SE:g} standard errors of each difference over {n} seeds; one "
         "verdict per baseline, combined (any behind fails, any inside the noise is not "
         "decided)") if t]

@@ -51,7 +51,7 @@ def test_table6_verdict_holds_fails_or_is_not_decided_by_the_seed_spread(t6):
     main = ahead["pmt-t6-same-selection"]
     assert main["holds"] is True
     assert "PMT 71.00 ± 1.41" in main["ours"] and "3 seeds" not in main["ours"]
-    assert "Below the paper's budget" in main["note"]
+    assert "below the paper's budget" in main["note"]
     assert main["paper"] == "PMT 66.78 vs MeZO 40.56, DeepZero-0 60.67, DeepZero-0.9 54.33 %"
     # DeepZero-0 ahead of PMT by more than 2 SE: the claim fails.
     behind = _by_id(t6.ledger(_extra({"pmt": (70.0, 72.0), "mezo": (40.0, 42.0),
@@ -67,7 +67,7 @@ def test_table6_verdict_holds_fails_or_is_not_decided_by_the_seed_spread(t6):
     full = _by_id(t6.ledger(_extra({"pmt": (70.0, 72.0), "mezo": (40.0, 42.0),
                                     "deepzero-0": (60.0, 61.0), "deepzero-0.9": (54.0, 55.0)},
                                    quick=False), False))
-    assert "Below the paper's budget" not in full["pmt-t6-same-selection"]["note"]
+    assert "below the paper's budget" not in full["pmt-t6-same-selection"]["note"]
     assert "DeepZero-0 3e+06 (7.5x)" in full["pmt-t6-same-selection"]["note"]
 
 
