@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bpfree.harness import accuracy, fit, holdout_split, pick_lr
+from bpfree.harness import accuracy, fit, holdout_split, mean_loss, pick_lr
 from bpfree.baselines import FullTrainFP32, SparseBP
 from bpfree.pmt.sparse import select_block, split_blocks
 from bpfree.pmt.trainer import PMTConfig, PMTTrainer
@@ -271,9 +271,7 @@ def float_graph(qmodel: nn.Module) -> nn.Module:
 @torch.no_grad()
 def _train_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 250) -> float:
     """Mean cross-entropy over the whole training set: a deterministic "did it train" check."""
-    total = sum(float(F.cross_entropy(model(x[i:i + batch]), y[i:i + batch], reduction="sum"))
-                for i in range(0, x.shape[0], batch))
-    return total / x.shape[0]
+    return mean_loss(model, x, y, batch_size=batch)
 
 
 def _result(acc: float, forwards: int, seconds: float, **extra) -> dict:

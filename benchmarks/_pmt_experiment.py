@@ -21,6 +21,8 @@ Tasks (:func:`run_task`, one CPU thread each, results as plain dicts):
 * ``pmt``: PMT on one fixed block (Table 4's rows; the selected one is Table 7's BP-free row)
   or dense on every layer;
 * ``mezo`` / ``deepzero``: Table 5's baselines at the forward budget of PMT on the chosen block;
+* ``same-selection``: Table 6: PMT, MeZO, DeepZero-0 or DeepZero-0.9 at one rate, trained
+  on the block PMT's selection chose (:func:`task_same_selection`; ``bench pmt-t6``);
 * ``ablation``: Fig. 7 (scaling and estimator ablations on four point-wise layers);
 * ``cosine``: Fig. 5 (cosine of ZO estimates with BP gradients, one seed).
 """
@@ -36,7 +38,7 @@ import torch
 from torch import nn
 
 from bpfree.bench.parallel import run_named_task
-from bpfree.harness import accuracy, fit, holdout_split
+from bpfree.harness import accuracy, fit, holdout_split, mean_loss
 from bpfree.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from bpfree.pmt.diagnostic import gradient_cosines
 from bpfree.pmt.sparse import select_block, split_blocks
@@ -357,6 +359,69 @@ def task_deepzero(qmodel, train, test, protocol: Protocol, budget_layers: int,
     return out
 
 
+#: Table 6's methods, all trained on PMT's selected block (:func:`task_same_selection`):
+#: method -> DeepZero's gradient sparsity (None: not a CGE method).
+SAME_SELECTION = {"mezo": None, "deepzero-0": 0.0, "deepzero-0.9": 0.9, "pmt": None}
+
+
+def same_selection_epochs(method: str, protocol: Protocol, block_layers: int) -> int:
+    """Epochs of a Table 6 method on a block of ``block_layers`` layers.
+
+    PMT, DeepZero-0 and DeepZero-0.9 train ``protocol.zo_epochs`` (Table 6: 50 for all three;
+    DeepZero's forwards per step follow from the block's weight count). MeZO gets PMT's total
+    forwards, as in Table 6 (2.0E+07 both): PMT spends ``1 + L Q`` forwards per sample per
+    step, MeZO 2, so MeZO trains ``zo_epochs (1 + L Q) / 2`` epochs (Table 6: 10,000 = 50 x
+    400 / 2)."""
+    if method not in SAME_SELECTION:
+        raise ValueError(f"unknown Table 6 method {method!r}; choose from {list(SAME_SELECTION)}")
+    if method == "mezo":
+        return max(1, round(protocol.zo_epochs * (1 + block_layers * protocol.queries) / 2))
+    return protocol.zo_epochs
+
+
+def _same_selection_maker(method: str, qmodel, example, protocol: Protocol, block: list[str]):
+    if method == "pmt":
+        return _pmt_maker(qmodel, example, protocol, trainable=block)
+    sparsity = SAME_SELECTION[method]
+
+    def make():
+        q = copy.deepcopy(qmodel)
+        if method == "mezo":  # as bench pmt's MeZO (GNS + QAS), on the block only
+            return MeZO(q, example, queries=1, seed=protocol.seed, gns=True, qas=True,
+                        trainable=block, monitor=False), q
+        return DeepZeroCGE(q, example, sparsity=sparsity or None, seed=protocol.seed, qas=True,
+                           trainable=block), q
+    return make
+
+
+def task_same_selection(method: str, qmodel, train, test, protocol: Protocol,
+                        block: list[str], lr: float) -> dict:
+    """Table 6: one method at rate ``lr`` on PMT's selected ``block`` (its epochs:
+    :func:`same_selection_epochs`), scored on the validation part and the test split.
+
+    Besides :func:`train_and_score`'s fields it keeps the mean training loss (the clean loss
+    over the whole training part, the same for every method: MeZO's curve is a two-point
+    proxy) before and after training, the epochs and the forwards per sample per step."""
+    if not block:
+        raise ValueError("Table 6 trains PMT's selected block: give its layer names")
+    tr, va = split(train, protocol)
+    epochs = same_selection_epochs(method, protocol, len(block))
+    make = _same_selection_maker(method, qmodel, tr[0][:2], protocol, list(block))
+    trained = {}
+
+    def make_and_keep():
+        method_, model = make()
+        trained["model"] = model
+        return method_, model
+    out = train_and_score(make_and_keep, tr, va, test, epochs=epochs, lr=lr, protocol=protocol)
+    n = tr[0].shape[0]
+    out.update(method=method, epochs=epochs, block_layers=list(block),
+               train_loss_before=mean_loss(qmodel, *tr),
+               train_loss_after=mean_loss(trained["model"], *tr),
+               forwards_per_step=out["forwards"] / (epochs * n))
+    return out
+
+
 def task_ablation(qmodel, train, test, protocol: Protocol, config: PMTConfig,
                   trainable: list[str], epochs: int, lr: float) -> dict:
     """One Fig. 7 configuration at one rate on ``trainable`` (scored on the validation part)."""
@@ -374,7 +439,8 @@ def task_no_adaptation(qmodel, test) -> dict:
 
 #: Task kinds of :func:`run_task`.
 TASKS = {"select": task_select, "bp": task_bp, "pmt": task_pmt, "mezo": task_mezo,
-         "deepzero": task_deepzero, "ablation": task_ablation, "cosine": gradient_cosines,
+         "deepzero": task_deepzero, "same-selection": task_same_selection,
+         "ablation": task_ablation, "cosine": gradient_cosines,
          "no-adaptation": task_no_adaptation}
 
 

@@ -702,15 +702,8 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick) 
             paper=f"{PAPER_TABLE5['pmt-sparse'][0]} vs {PAPER_TABLE5[m][0]} %",
             ours=f"{pm:.2f} vs {budget_rows[m]['accuracy']:.2f} % ({budget})",
             holds=pm > budget_rows[m]["accuracy"], note=below.strip() or None))
-    out.append(claim(
-        "pmt-t6-same-selection", "Table 6",
-        "With the same trainable parameter selection as PMT (its selected block), MeZO and "
-        "DeepZero still fall below PMT's accuracy on Gaussian noise",
-        paper=f"{PAPER_TABLE5['pmt-sparse'][0]} vs MeZO 40.56, DeepZero-0 60.67 %", ours=None,
-        holds=None,
-        note="not measured: this benchmark's MeZO and DeepZero train every layer (Table 5's "
-             "setting, pmt-beats-mezo / pmt-beats-deepzero); no run trains them on PMT's "
-             "selected block"))
+    # Table 6 (MeZO and DeepZero on PMT's selected block) is bench pmt-t6's claim
+    # pmt-t6-same-selection: this benchmark's MeZO and DeepZero train every layer (Table 5).
     q = max(next(iter(cos_mean.values())))
     c = {s: cos_mean[s][q] for s in cos_mean}
     fmt = lambda s: f"{c[s][0]:.3f}±{c[s][1]:.3f}"  # noqa: E731

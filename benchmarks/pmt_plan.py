@@ -1,4 +1,4 @@
-"""How long ``bench pmt`` and ``bench pmt-seeds`` take at the paper's budget: a projection.
+"""How long ``bench pmt``, ``pmt-seeds`` and ``pmt-t6`` take at the paper's budget: a projection.
 
 Times one training step of each kind of task in ``bench pmt``'s full protocol (PMT on each of
 the four blocks at Q = 100 and batch 100, the BP baselines, MeZO and DeepZero at PMT's budget,
@@ -7,6 +7,9 @@ runs (``_pmt_experiment.Protocol``: 50 epochs of 8 steps, four rates per grid, t
 corruptions), and divides by the worker count. Weights do not change a step's cost, so the
 model is the benchmark's architecture with random weights (no pretraining): about a minute.
 Issue 30 asks for this projection when the full run needs more than about five hours.
+``bench pmt-t6`` (Table 6: MeZO, DeepZero-0, DeepZero-0.9 and PMT on PMT's selected block) is
+projected for each block its selection may pick, with the grid as started and with every
+method's grid widened the most times the benchmark allows (an upper bound).
 """
 
 from __future__ import annotations
@@ -119,10 +122,57 @@ def run(quick: bool):
     row("bench pmt-seeds (seeds 1, 2)", "CPU hours", seeds_total / 3600)
     row("bench pmt-seeds (seeds 1, 2)", f"projected wall hours on {workers} workers",
         seeds_total / 3600 / workers)
+    t6 = _pmt_t6_projection(qmodel, x, blocks, per_step, step_seconds, n_train,
+                            steps_per_epoch, workers, row)
     extra = {"protocol": P.as_dict(), "workers": workers, "per_step_seconds": per_step,
+             "pmt_t6": t6,
              "steps": counts, "budget_layers_upper_bound": budget_layers,
              "engine": PMTTrainer(qmodel, example=x[:2]).staged.engine,
              "notes": ["seconds are thread CPU time of one step (median of repeats) on the "
                        "engine bench pmt uses; wall hours assume the workers stay busy and "
                        "ignore evaluation passes and pretraining (minutes)"]}
     return rows, extra
+
+
+def _pmt_t6_projection(qmodel, x, blocks, per_step, step_seconds, n_train, steps_per_epoch,
+                       workers, row) -> dict:
+    """bench pmt-t6's full run if its selection picks block k on every seed: each method's
+    step timed on that block, times its steps (``pmt_t6.full_run_steps``: the paper's
+    budgets), seeds and rates; plus the §3.3.1 selection per seed."""
+    import pmt_t6
+
+    from bpfree.baselines import DeepZeroCGE, MeZO
+
+    counts = pmt_t6.full_run_counts()
+    selection = counts["seeds"] * steps_per_epoch * sum(
+        per_step[f"PMT block {k}"] for k in range(1, len(blocks) + 1))
+    out = {"counts": counts, "per_step_seconds": {}, "cpu_hours": {}}
+    for k, block in enumerate(blocks, start=1):
+        seconds = {
+            "pmt": per_step[f"PMT block {k}"],
+            "mezo": step_seconds(MeZO(copy.deepcopy(qmodel), x[:2], queries=1, seed=0,
+                                      gns=True, qas=True, monitor=False, trainable=block)),
+            "deepzero-0": step_seconds(DeepZeroCGE(copy.deepcopy(qmodel), x[:2], seed=0,
+                                                   qas=True, trainable=block)),
+            "deepzero-0.9": step_seconds(DeepZeroCGE(copy.deepcopy(qmodel), x[:2], sparsity=0.9,
+                                                     seed=0, qas=True, trainable=block)),
+        }
+        steps = pmt_t6.full_run_steps(len(block), n_train)
+        one_grid = sum(seconds[m] * steps[m] for m in pmt_t6.METHODS)
+        started = selection + counts["seeds"] * counts["rates"] * one_grid
+        widest = started + counts["seeds"] * counts["widenings"] * one_grid
+        for m in pmt_t6.METHODS:
+            name = f"bench pmt-t6: {pmt_t6.SHORT[m]} on block {k}"
+            row(name, "seconds per step (1 thread)", seconds[m])
+            row(name, "steps in one run", steps[m])
+            row(name, "CPU hours (grid as started)",
+                counts["seeds"] * counts["rates"] * seconds[m] * steps[m] / 3600)
+        name = f"bench pmt-t6 (full), block {k} selected on every seed"
+        row(name, "CPU hours (grid as started)", started / 3600)
+        row(name, "CPU hours (every grid widened the most)", widest / 3600)
+        row(name, f"projected wall hours on {workers} workers (grid as started)",
+            started / 3600 / workers)
+        out["per_step_seconds"][str(k)] = seconds
+        out["cpu_hours"][str(k)] = {"grid as started": started / 3600,
+                                    "every grid widened": widest / 3600}
+    return out

@@ -201,7 +201,8 @@ def test_reledger_rewrites_claims_from_the_rows_and_reports_flips(tmp_path):
     ("tt_zo", "tt-zo.json"), ("tinyfoa", "tinyfoa.json"), ("qzo_ff", "qzo-ff.json"),
     ("pinn", "pinn.json"), ("device", "device.json"), ("mcunet", "mcunet.json"),
     ("pmt", "pmt.json"), ("pmt_ratios", "pmt-ratios.json"),
-    ("pmt_q_budget", "pmt-q-budget.json")])
+    ("pmt_q_budget", "pmt-q-budget.json"), ("pmt_t6", "pmt-t6.json"),
+    ("pmt_t6", "pmt-t6-quick.json")])
 def test_ledger_from_result_reads_the_committed_files(stem, result):
     """Each hook rebuilds a valid ledger from the schema its benchmark writes, without
     training; the committed claims are what the current rules say of the committed rows

@@ -406,6 +406,19 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return 100.0 * correct / x.shape[0]
 
 
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+              batch_size: int = 250) -> float:
+    """Mean cross-entropy of ``model(x)`` logits over the whole set: a deterministic "did it
+    train" check (a training curve's window means are noisy and, for some estimators, a
+    proxy). An empty or mismatched set is an error."""
+    check_batch(x, y)
+    total = sum(float(torch.nn.functional.cross_entropy(model(x[lo:lo + batch_size]),
+                                                        y[lo:lo + batch_size], reduction="sum"))
+                for lo in range(0, x.shape[0], batch_size))
+    return total / x.shape[0]
+
+
 def holdout_split(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(train indices, held-out indices) of ``n`` samples, a seeded shuffle."""
     if not 0.0 < fraction < 1.0:

@@ -42,7 +42,7 @@ PAPERS = ("PMT", "QZO-FF", "TT-ZO", "BP-free PINN", "TinyFoA")
 """The five papers the benchmarks reproduce (docs/PAPERS.md), in the order the docs count them."""
 # The paper a benchmark reproduces; a claim's paper_ref naming another paper overrides it.
 BENCHMARK_PAPERS = {"pmt": "PMT", "pmt-seeds": "PMT", "pmt-cosine": "PMT", "mcunet": "PMT",
-                    "pmt-ratios": "PMT", "pmt-q-budget": "PMT", "device": "PMT",
+                    "pmt-ratios": "PMT", "pmt-q-budget": "PMT", "pmt-t6": "PMT", "device": "PMT",
                     "qzo-ff": "QZO-FF", "tt-zo": "TT-ZO", "pinn": "BP-free PINN",
                     "tinyfoa": "TinyFoA"}
 _PAPER_TAGS = (("PMT", "PMT"), ("QZO-FF", "QZO-FF"), ("TT-ZO", "TT-ZO"), ("PINN", "BP-free PINN"),
