@@ -1,5 +1,7 @@
 """ZOOptimizer's cached mode: lean mode's weights bit for bit, each direction drawn once."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -173,3 +175,97 @@ def test_tt_zo_methods_default_to_cached_signrge():
     hybrid = make_method("hybrid", model)
     assert hybrid.coarse.optimizer.mode == "cached" and hybrid.fine.optimizer.mode == "batched"
     assert make_method("sign_rge", model, mode="lean").optimizer.mode == "lean"
+
+
+# -- the flat path (issue 32): cached mode on one (Q, d) buffer, reference=True per tensor --
+
+def train_cached(estimator, dist, *, reference, model=None, steps=3, transforms=()):
+    model = model if model is not None else mlp()
+    x, y = batch()
+    est = dataclasses.replace(estimator, reference=reference)
+    opt = ZOOptimizer(model.parameters(), lr=0.05, estimator=est, distribution=dist,
+                      transforms=list(transforms), mode="cached", seed=11)
+    losses = [opt.step(Objective(model, x, y)) for _ in range(steps)]
+    return bits(model.parameters()), losses
+
+
+@pytest.mark.parametrize("dist", ["gaussian", "rademacher", "quantized_gaussian"])
+@pytest.mark.parametrize("estimator", [rge(4, 1e-3), sign_rge(4, 1e-2), spsa(3, 1e-2)],
+                         ids=["rge", "sign_rge", "spsa"])
+def test_flat_cached_path_is_bit_identical_to_the_per_tensor_reference(estimator, dist):
+    ref = train_cached(estimator, dist, reference=True)
+    fast = train_cached(estimator, dist, reference=False)
+    assert ref[1] == fast[1]
+    assert all(torch.equal(a, b) for a, b in zip(ref[0], fast[0]))
+    assert not all(torch.equal(a, b) for a, b in zip(ref[0], bits(mlp().parameters())))
+
+
+def test_flat_path_with_a_tensor_transform_is_bit_identical():
+    clip = [T.clip_by_value(1e30)]
+    ref = train_cached(rge(4, 1e-3), "gaussian", reference=True, transforms=clip)
+    fast = train_cached(rge(4, 1e-3), "gaussian", reference=False, transforms=clip)
+    assert all(torch.equal(a, b) for a, b in zip(ref[0], fast[0]))
+
+
+def test_flat_draw_equals_the_per_tensor_draw():
+    from bpfree.estimators.base import draw_directions
+    from bpfree.estimators.flat import draw_flat
+    params = [torch.zeros(3, 5), torch.zeros(17), torch.zeros(2, 1, 4), torch.zeros(1)]
+    seeds = [[101 + 7 * q + i for i in range(len(params))] for q in range(3)]
+    for name in ("gaussian", "rademacher", "quantized_gaussian"):
+        dist = get_distribution(name)
+        flat = draw_flat(params, dist, seeds)
+        ref = draw_directions(params, dist, seeds)
+        assert flat.rows.shape == (3, 15 + 17 + 8 + 1)
+        for row_f, row_r in zip(flat.per_tensor(), ref):
+            assert all(torch.equal(a, b) for a, b in zip(row_f, row_r))
+
+
+def test_mixed_dtypes_take_the_per_tensor_path_with_the_same_bits():
+    """Tensors of two dtypes cannot share one buffer: cached mode falls back to the reference."""
+    from bpfree.estimators.flat import flat_supported
+
+    def model():
+        m = mlp()
+        m[2].double()
+        return nn.Sequential(m[0], m[1], nn.Flatten(), _ToDouble(), m[2])
+
+    assert not flat_supported(list(model().parameters()))
+    ref = train_cached(sign_rge(4, 1e-2), "gaussian", reference=True, model=model())
+    fast = train_cached(sign_rge(4, 1e-2), "gaussian", reference=False, model=model())
+    assert ref[1] == fast[1] and all(torch.equal(a, b) for a, b in zip(ref[0], fast[0]))
+    assert not all(torch.equal(a, b) for a, b in zip(fast[0], bits(model().parameters())))
+
+
+class _ToDouble(nn.Module):
+    def forward(self, x):
+        return x.double()
+
+
+def test_flat_path_leaves_reference_out_of_the_estimator_identity():
+    """``reference`` switches an execution path only: the optimizer's saved configuration
+    (the estimator's repr) and estimator equality do not change with it."""
+    est = sign_rge(10, 0.1)
+    ref = dataclasses.replace(est, reference=True)
+    assert repr(est) == repr(ref) and est == ref
+
+
+def test_tt_signrge_trajectory_flat_equals_reference():
+    """The TT-ZO signRGE and RGE trainers on a TT-MLP: 4 steps of the flat path against the
+    per-tensor reference, the same weights and losses bit for bit."""
+    for method in ("sign_rge", "rge"):
+        runs = []
+        for reference in (True, False):
+            torch.manual_seed(0)
+            model = tt_mlp(rank=3)
+            t = make_method(method, model, seed=3)
+            t.estimator = t.optimizer.estimator = dataclasses.replace(t.estimator,
+                                                                      reference=reference)
+            g = torch.Generator().manual_seed(4)
+            losses = []
+            for _ in range(4):
+                x, y = torch.rand(16, 784, generator=g), torch.randint(0, 10, (16,), generator=g)
+                losses.append(t.step(x, y, 1e-2)["loss"])
+            runs.append((losses, bits(model.state_dict().values())))
+        assert runs[0][0] == runs[1][0]
+        assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
