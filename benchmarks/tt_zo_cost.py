@@ -23,14 +23,6 @@ use, alternating the two in this one process, each the median of its timed steps
 :class:`~bpfree.estimators.CoordinateWise` bookkeeping, which issue 32 also made faster, so
 the ratio understates the gain over the code before it.
 
-The RGE and signRGE steps (alone and as the hybrid's first phase) are timed the same way on
-cached mode's per-tensor reference (``reference=True`` of
-:class:`~bpfree.estimators.WeightPerturbation`) beside the flat path the runs use
-(:mod:`bpfree.estimators.flat`, bit-identical weights and losses; table "RGE / signRGE
-step"). Both already have the cheaper argument checks of the same change (issue 32), so that
-ratio too understates the gain over the code before it; the projection of the previous
-revision's results/tt-zo-cost.json gives the before-and-after of the whole run.
-
 ``--quick`` times the same tasks with fewer repeats (a smoke run of the script).
 """
 
@@ -51,7 +43,6 @@ SEED = 0
 
 TABLE = "per-step CPU time of the full tt-zo tasks (1 thread)"
 TCGE = "CGE step: reference (chunked, before issue 32) vs batched layerwise path (1 thread)"
-TRGE = "RGE / signRGE step: per-tensor cached reference vs flat cached path (1 thread)"
 PROJ = "projected CPU hours of the full tt-zo run"
 WORKERS = 2
 
@@ -121,14 +112,16 @@ def _time_steps(method, x, y, steps: int, gen, variants: dict | None = None) -> 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _reference_switches(method, phase: str, kind: type, mode: str, fast: str) -> dict | None:
-    """``{"reference": ..., fast: ...}``: switches of the estimator of ``method``'s trainer for
-    ``phase`` (a hybrid's ``"coarse"`` or ``"fine"``; else the method itself) between its
-    ``reference=True`` path and the path the runs use (the latter last, so the method is left
-    as it runs), or None unless that estimator is a ``kind`` run in ``mode``."""
-    trainer = getattr(method, phase, method)
-    est = getattr(trainer, "estimator", None)
-    if not isinstance(est, kind) or trainer.optimizer.mode != mode:
+def cge_variants(method) -> dict | None:
+    """``{"reference": ..., "batched": ...}`` switches of ``method``'s CGE estimator between
+    the chunked reference path and the batched path of :func:`bpfree.ttzo.layerwise_losses`
+    (the batched one last, so the method is left as it runs), or None when its CGE does not
+    run layerwise (lean mode)."""
+    from bpfree.ttzo import LayerwiseCGE
+
+    trainer = getattr(method, "fine", method)
+    est = trainer.estimator
+    if not isinstance(est, LayerwiseCGE) or trainer.optimizer.mode != "batched":
         return None
 
     def use(reference: bool):
@@ -137,25 +130,7 @@ def _reference_switches(method, phase: str, kind: type, mode: str, fast: str) ->
             trainer.estimator = trainer.optimizer.estimator = chosen
         return switch
 
-    return {"reference": use(True), fast: use(False)}
-
-
-def cge_variants(method) -> dict | None:
-    """The CGE estimator's switches between the chunked reference path and the batched path
-    of :func:`bpfree.ttzo.layerwise_losses` (``"reference"``, ``"batched"``), or None when
-    its CGE does not run layerwise (lean mode)."""
-    from bpfree.ttzo import LayerwiseCGE
-
-    return _reference_switches(method, "fine", LayerwiseCGE, "batched", "batched")
-
-
-def rge_variants(method) -> dict | None:
-    """The RGE / signRGE estimator's switches between cached mode's per-tensor reference and
-    its flat path (``"reference"``, ``"flat"``), or None when it does not run in cached
-    mode."""
-    from bpfree.estimators import WeightPerturbation
-
-    return _reference_switches(method, "coarse", WeightPerturbation, "cached", "flat")
+    return {"reference": use(True), "batched": use(False)}
 
 
 def search_hours(per_step: dict, cfg: dict, per_epoch: int) -> list[float]:
@@ -186,7 +161,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     x, y, *_ = load_data(cfg["n_train"], cfg["n_val"])
     per_epoch = math.ceil(x.shape[0] / 64)
     gen = torch.Generator().manual_seed(SEED)
-    rows, per_step, cge_speedup, rge_speedup = [], {}, {}, {}
+    rows, per_step, cge_speedup = [], {}, {}
 
     def row(table, method, setting, metric, value):
         rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
@@ -208,29 +183,19 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                 method.phase = "cge"
             heavy = phase == "cge"
             repeats = (1 if heavy else 3) if quick else (5 if heavy else 15)
-            variants = cge_variants(method) if heavy else \
-                rge_variants(method) if phase in ("rge", "sign_rge") else None
+            variants = cge_variants(method) if heavy else None
             seconds = _time_steps(method, x, y, repeats, gen, variants)
-            fast = "step" if not variants else "batched" if heavy else "flat"
-            per_step[(name, phase)] = seconds[fast]
+            per_step[(name, phase)] = seconds["batched" if variants else "step"]
             row(TABLE, name, f"phase {phase}; {repeats} timed steps (median)",
                 "CPU ms per step", 1e3 * per_step[(name, phase)])
             if variants:
-                if heavy:
-                    table, setting, unit, speedup, key = (
-                        TCGE, f"{repeats} timed steps each, alternating (median)",
-                        "CPU ms per CGE step", cge_speedup, name)
-                    labels = (("reference path", "reference"), ("batched path", "batched"))
-                else:
-                    table, unit, speedup, key = TRGE, "CPU ms per step", rge_speedup, \
-                        f"{name}:{phase}"
-                    setting = f"phase {phase}; {repeats} timed steps each, alternating (median)"
-                    labels = (("per-tensor reference", "reference"), ("flat path", "flat"))
-                for label, variant in labels:
-                    row(table, name, setting, f"{unit}, {label}", 1e3 * seconds[variant])
-                speedup[key] = seconds["reference"] / seconds[fast]
-                row(table, name, setting, f"speed-up (reference / {labels[1][1]})",
-                    speedup[key])
+                setting = f"{repeats} timed steps each, alternating (median)"
+                for label, value in (("reference path", seconds["reference"]),
+                                     ("batched path", seconds["batched"])):
+                    row(TCGE, name, setting, f"CPU ms per CGE step, {label}", 1e3 * value)
+                row(TCGE, name, setting, "speed-up (reference / batched)",
+                    seconds["reference"] / seconds["batched"])
+                cge_speedup[name] = seconds["reference"] / seconds["batched"]
 
     steps_of = _steps_of(cfg, per_epoch)
     seeds = len(cfg["seeds"])
@@ -242,7 +207,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
              "full_epochs": full_epochs, "paper_epochs": tt_zo.PAPER_EPOCHS,
              "earliest_switch_epoch": earliest, "projection": {},
              "search_cpu_hours": sum(search), "search_wall_hours": search_wall,
-             "cge_speedup": cge_speedup, "rge_speedup": rge_speedup}
+             "cge_speedup": cge_speedup}
     if search:
         row(PROJ, f"FO-AD lr search ({len(search)} candidates, seed 0)",
             f"{cfg.get('search_methods') or 'every method'}; before the seeds",
@@ -287,11 +252,5 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         "reference=True) and with the batched path, alternating, median of each; the "
         "reference step already uses CoordinateWise's vectorised bookkeeping (issue 32), so "
         "the ratio understates the gain over the code before issue 32.",
-        "RGE / signRGE step, reference vs flat: the same trainer's step with "
-        "WeightPerturbation(reference=True) (cached mode per tensor) and with the flat path, "
-        "alternating, median of each; the weights and losses of the two are bit-identical "
-        "(tests/test_optimizer_cached.py). Both use the cheaper argument checks and TT "
-        "contraction of the same change, so the ratio understates the gain over the "
-        "previous revision.",
     ]
     return rows, extra

@@ -198,27 +198,6 @@ def test_cge_variants_switch_between_the_reference_and_the_batched_path():
     assert set(times) == {"reference", "batched"} and all(t > 0 for t in times.values())
 
 
-def test_rge_variants_switch_between_the_per_tensor_reference_and_the_flat_path():
-    cost = load_module("tt_zo_cost")
-    for name in ("sign_rge", "rge", "hybrid"):
-        method = make_method(name, make_model("tt", rank=2))
-        trainer = getattr(method, "coarse", method)
-        variants = cost.rge_variants(method)
-        assert list(variants) == ["reference", "flat"]
-        variants["reference"]()
-        assert trainer.estimator.reference and trainer.optimizer.estimator.reference
-        variants["flat"]()
-        assert not trainer.optimizer.estimator.reference
-    assert cost.rge_variants(make_method("sign_rge", make_model("tt", rank=2),
-                                         mode="lean")) is None
-    assert cost.rge_variants(make_method("fo", make_model("tt", rank=2))) is None
-    method = make_method("sign_rge", make_model("tt", rank=2))
-    x, y = torch.rand(64, 784), torch.randint(0, 10, (64,))
-    times = cost._time_steps(method, x, y, 1, torch.Generator().manual_seed(0),
-                             cost.rge_variants(method))
-    assert set(times) == {"reference", "flat"} and all(t > 0 for t in times.values())
-
-
 def test_full_mode_searches_only_fo_over_a_grid_around_the_paper_rate():
     tt_zo = load_module("tt_zo")
     cfg = tt_zo._settings(False)

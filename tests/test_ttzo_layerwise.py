@@ -252,33 +252,3 @@ def test_core_jacobian_is_the_core_columns_in_its_entry_layout(wide, monkeypatch
         expected = cols.permute(0, 3, 4, 2, 1, 5).reshape(B, n * r1 * r0, O, P)
         torch.testing.assert_close(layerwise._core_jacobian(layer, a, k), expected,
                                    rtol=1e-13, atol=1e-15)
-
-
-def test_points_in_any_order_give_each_point_its_own_loss():
-    """layerwise_losses groups the points by tensor with tensor ops when they come sorted (as
-    CoordinateWise passes them) and by a dict otherwise (issue 32): the tensors' runs in
-    reverse order, and one tensor's points interleaved with another's, give the sorted
-    list's losses, bit for bit (within a tensor the points keep their order: it decides the
-    chunks, which may round differently)."""
-    torch.manual_seed(5)
-    model = tt_mlp(2)
-    x, y = _batch(n=8, features=784, classes=10, dtype=torch.float32)
-    params = list(model.parameters())
-    points = [pt for pt in _all_points(params, 0.01) if pt[1] % 7 == 0]
-    by_tensor: dict = {}
-    for n, pt in enumerate(points):
-        by_tensor.setdefault(pt[0], []).append(n)
-    runs = list(by_tensor.values())
-    reversed_runs = [n for run in reversed(runs) for n in run]
-    first, second = runs[0], runs[1]
-    interleaved = ([n for pair in zip(first, second) for n in pair]
-                   + first[len(second):] + second[len(first):]
-                   + [n for run in runs[2:] for n in run])
-    objective = Objective(model, x, y)
-    base, sorted_losses = layerwise_losses(objective, params, points)
-    for perm in (reversed_runs, interleaved):
-        assert sorted(perm) == list(range(len(points)))
-        base2, permuted = layerwise_losses(objective, params, [points[n] for n in perm])
-        assert base == base2
-        assert permuted == [sorted_losses[n] for n in perm]
-    assert len(set(sorted_losses)) > len(points) // 2       # the losses differ per point

@@ -71,9 +71,6 @@ class Estimate:
     seeds: list[list[int]] | None = None
     grads: list[Tensor] | None = None
     directions: list[list[Tensor]] | None = None
-    #: the directions as one :class:`~bpfree.estimators.flat.FlatDirections` (cached mode's
-    #: flat path), so the update can run on the flat buffer too
-    flat: object | None = None
 
     @property
     def is_lazy(self) -> bool:

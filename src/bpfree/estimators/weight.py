@@ -19,7 +19,7 @@ a NaN/Inf loss is dropped and counted, never reaching the weights.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -27,7 +27,6 @@ from ..objective import Objective
 from ..perturb import perturb_, restore_
 from .base import (Estimate, QueryContext, check_mu, check_positive_int, draw_directions,
                    loss_value, materialize)
-from .flat import draw_flat, flat_supported, losses_flat, materialize_flat
 
 
 @dataclass(frozen=True)
@@ -43,10 +42,6 @@ class WeightPerturbation:
         per_sample: give every sample of the batch its own ``Q`` directions (PMT Eq. 6's
             double stochasticity); costs ``N`` times more direction generation, not more
             sample-forwards.
-        reference: cached mode per tensor (:func:`_losses_cached`, :func:`materialize`)
-            instead of on one flat buffer (:mod:`bpfree.estimators.flat`); the same numbers
-            bit for bit, kept as the reference the flat path is tested and timed against
-            (issue 32). Not part of the estimator's identity (repr, equality).
     """
 
     num_queries: int = 16
@@ -56,7 +51,6 @@ class WeightPerturbation:
     sign_estimate: bool = False
     per_sample: bool = False
     name: str = "rge"
-    reference: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self):
         check_positive_int("num_queries", self.num_queries)
@@ -95,25 +89,15 @@ class WeightPerturbation:
             return self._estimate_per_sample(ctx)
         seeds = [[ctx.seed_for(q, i) for i in range(len(ctx.params))]
                  for q in range(self.num_queries)]
-        points = self._points(self.num_queries)
-        flat = None
-        if ctx.mode == "cached" and not self.reference and flat_supported(ctx.params):
-            flat = draw_flat(ctx.params, ctx.distribution, seeds)
-            base = loss_value(ctx.closure()) if not self.two_sided else float("nan")
-            losses = losses_flat(ctx.closure, ctx.params, flat, points)
-            forwards = len(points) + int(not self.two_sided)
-            directions = None
-        else:
-            directions = _draw_cached(ctx, seeds) if ctx.mode == "cached" else None
-            base, losses, forwards = _evaluate(ctx, ctx.closure, seeds, points,
-                                               need_base=not self.two_sided,
-                                               directions=directions)
+        directions = _draw_cached(ctx, seeds) if ctx.mode == "cached" else None
+        base, losses, forwards = _evaluate(ctx, ctx.closure, seeds, self._points(self.num_queries),
+                                           need_base=not self.two_sided, directions=directions)
         coef, valid = self._coefficients(base, losses, self.num_queries)
         nvalid = int(valid.sum())
         weights = coef / max(nvalid, 1)
         loss = base if not self.two_sided else _mean_finite(losses)
         return self._finish(ctx, loss, forwards, weights, seeds, nvalid, self.num_queries,
-                            directions, flat)
+                            directions)
 
     def _estimate_per_sample(self, ctx: QueryContext) -> Estimate:
         objective = _require_objective(ctx, "per_sample weight perturbation")
@@ -137,23 +121,16 @@ class WeightPerturbation:
                             n_samples * q_per)
 
     def _finish(self, ctx, loss, forwards, weights, seeds, nvalid, ndirs,
-                directions=None, flat=None) -> Estimate:
+                directions=None) -> Estimate:
         dim = sum(p.numel() for p in ctx.params)
-        if flat is not None and not self.sign_estimate:
-            directions = flat.per_tensor()
         est = Estimate(loss=loss, forward_passes=forwards, queries=ndirs, dropped=ndirs - nvalid,
                        num_directions=[max(nvalid, 1)] * len(ctx.params),
                        dims=[dim] * len(ctx.params), weights=weights, seeds=seeds,
-                       directions=directions, flat=flat)
+                       directions=directions)
         if self.sign_estimate:
-            if flat is not None:
-                grad = materialize_flat(flat, weights)
-                est.grads = flat.split(torch.sign(grad) if nvalid else torch.zeros_like(grad))
-            else:
-                grads = materialize(ctx.params, ctx.distribution, weights, seeds, directions)
-                est.grads = ([torch.sign(g) for g in grads] if nvalid
-                             else [torch.zeros_like(g) for g in grads])
-            est.weights = est.seeds = est.directions = est.flat = None
+            grads = materialize(ctx.params, ctx.distribution, weights, seeds, directions)
+            est.grads = [torch.sign(g) for g in grads] if nvalid else [torch.zeros_like(g) for g in grads]
+            est.weights = est.seeds = est.directions = None
         return est
 
 

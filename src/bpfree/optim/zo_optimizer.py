@@ -117,21 +117,6 @@ class StepStats:
         return self.batch_forwards
 
 
-def _apply_lazy_flat(params, flat, weights: list[float], lr: float) -> None:
-    """``θ ← θ − lr·Σ_k w_k ξ_k`` on the flat buffer of cached mode's directions
-    (:class:`~bpfree.estimators.flat.FlatDirections`): the lazy update's per-tensor
-    ``p += ξ_k·(−lr·w_k)`` (the product rounded, then added, ``k`` in order, ``w_k = 0``
-    skipped) as two ops per direction on all tensors at once, bit for bit the same."""
-    theta = torch.cat([p.detach().reshape(-1) for p in params])
-    term = torch.empty_like(theta)
-    for k, w in enumerate(weights):
-        if w == 0.0:
-            continue
-        torch.mul(flat.rows[k], -lr * w, out=term)
-        theta.add_(term)
-    torch._foreach_copy_([p.data for p in params], flat.split(theta))
-
-
 class ZOOptimizer(torch.optim.Optimizer):
     """Zeroth-order optimizer with the ``torch.optim`` interface.
 
@@ -412,10 +397,6 @@ class ZOOptimizer(torch.optim.Optimizer):
             # Apply Σ_k w_k ξ_k straight from the seeds: no gradient buffer (MeZO / PMT Alg. 1).
             reach = sum(abs(w) for w in est.weights.tolist()) * self._direction_bound()
             self._check_reach(params, names, lrs, [reach] * len(params))
-            flat = est.flat
-            if flat is not None and index == list(range(len(est.dims))) and len(set(lrs)) == 1:
-                _apply_lazy_flat(params, flat, est.weights.tolist(), lrs[0])
-                return True
             drawn = est.directions
             for k, w in enumerate(est.weights.tolist()):
                 if w == 0.0:

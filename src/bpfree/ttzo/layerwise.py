@@ -168,20 +168,9 @@ def _prepare(objective: Objective, params, points):
         h = m(h)           # a masked layer's pre-hook rebuilds its dense weight here
         outs.append(h)
     base = float(objective.loss_fn(h, objective.targets).mean())
-    # the positions of each tensor's points, tensors in order of first appearance (a Python
-    # dict of lists cost ~10 % of a tt10 CGE step, issue 32)
-    tensor_of = torch.tensor([pt[0] for pt in points], dtype=torch.long)
-    if tensor_of.numel() and bool((tensor_of[1:] >= tensor_of[:-1]).all()):
-        # sorted (CoordinateWise's order): each tensor's points are one run
-        values, counts = torch.unique_consecutive(tensor_of, return_counts=True)
-        starts = torch.cumsum(counts, 0) - counts
-        by_tensor = {i: torch.arange(s, s + c) for i, s, c in
-                     zip(values.tolist(), starts.tolist(), counts.tolist())}
-    else:
-        by_tensor = {}
-        for n, i in enumerate(tensor_of.tolist()):
-            by_tensor.setdefault(i, []).append(n)
-        by_tensor = {i: torch.tensor(v, dtype=torch.long) for i, v in by_tensor.items()}
+    by_tensor: dict[int, list[int]] = {}
+    for n, (i, _, _) in enumerate(points):
+        by_tensor.setdefault(i, []).append(n)
     return layers, located, acts, outs, base, by_tensor
 
 
@@ -203,8 +192,7 @@ def layerwise_losses(objective: Objective, params, points, *,
     if prepared is None:
         return None
     layers, located, acts, outs, base, by_tensor = prepared
-    # float64 holds every float32 loss exactly: the same values as a list of Python floats
-    losses = torch.full((len(points),), float("nan"), dtype=torch.float64)
+    losses = [float("nan")] * len(points)
     # per step, not per tensor: a (TT-)last layer's dense W' is formed once (issue 32)
     tails = {li: None if li == len(layers) - 1 else _tail(layers, li)
              for li in {located[i][0] for i in by_tensor}}
@@ -218,7 +206,8 @@ def layerwise_losses(objective: Objective, params, points, *,
         if reference:
             _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
             continue
-        mine = _Members(members, offsets[members], steps[members].to(outs[li].dtype))
+        sel = torch.tensor(members, dtype=torch.long)
+        mine = _Members(sel, offsets[sel], steps[sel].to(outs[li].dtype))
         if kind == "core" and (tail is not None or last):
             _core_slice_losses(objective, layers, li, extra, acts, outs, tail, mine, losses)
         elif kind == "bias" and extra is None and _piecewise(tail):
@@ -236,7 +225,7 @@ def layerwise_losses(objective: Objective, params, points, *,
                             chunk=chunk)
         else:
             _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
-    return base, losses.tolist()
+    return base, losses
 
 
 def _core_jacobian(layer: TTLinear, a: torch.Tensor, k: int) -> torch.Tensor:
@@ -338,7 +327,8 @@ def _core_slice_losses(objective, layers, li, k, acts, outs, tail, members: _Mem
             # W' as the transposed view of a contiguous (C', O·P): MKL's fast layout
             h = torch.matmul(change.view(B, c, O * P), w_mu.T).add_(logits.unsqueeze(1))
             per = loss_fn(h.reshape(B * c, -1), y.repeat_interleave(c)).view(B, c).mean(0)
-            losses[members_t[sel]] = per.to(torch.float64)
+            for j, value in zip(members_t[sel].tolist(), per.tolist()):
+                losses[j] = value
 
 
 def _last_core_losses(objective, jac, logits, split, mu, entry, deltas, members,
@@ -362,7 +352,8 @@ def _last_core_losses(objective, jac, logits, split, mu, entry, deltas, members,
         h = (moved.unsqueeze(3) * onehot[sel].view(1, c, 1, m, 1)).view(B, c, C)
         h.add_(logits.unsqueeze(1))
         per = loss_fn(h.view(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
-        losses[members[sel]] = per.to(torch.float64)
+        for j, value in zip(members[sel].tolist(), per.tolist()):
+            losses[j] = value
 
 
 def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, members: _Members,
@@ -403,23 +394,34 @@ def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, member
                       wv.permute(2, 0, 1, 3).contiguous().unsqueeze(0),
                       out=z.new_empty(B, m, C, O, P)).view(B, m * C, O * P)
         unit = torch.bmm(jac.view(B, E, O * P), g.transpose(1, 2))    # (B, (ν, β, α), (μ, c))
-        # -> (B, (α, μ, ν, β), C): the core's flat order
-        unit = unit.view(B, n * r1, r0, m, C).permute(0, 2, 3, 1, 4).reshape(B, -1, C)
+        # -> (B, (α, μ, ν, β), C): the core's flat order, as a permuted view; a step over
+        # the whole core reads it in the product with δ below, copied only otherwise (the
+        # copy was ~10 % of a tt6 CGE step, issue 32)
+        unit = unit.view(B, n * r1, r0, m, C).permute(0, 2, 3, 1, 4)
+    whole = (r0, m, n * r1)
     flat, deltas, members_t = members.flat, members.deltas.to(z.device), members.index
     for sel in _rounds(flat):
         c = sel.numel()
         cols, d = flat[sel], deltas[sel]
         first = int(cols[0])
-        if torch.equal(cols, torch.arange(first, first + c)):
-            h = torch.mul(unit[:, first:first + c], d.view(1, c, 1),  # a view: no gather
-                          out=unit.new_empty(B, c, C))
+        if unit.dim() == 5 and c == math.prod(whole) and torch.equal(cols, torch.arange(c)):
+            # every entry in flat order: δ·unit written straight in (B, c, C) order
+            h = torch.mul(unit, d.view(1, *whole, 1),
+                          out=unit.new_empty(B, *whole, C)).view(B, c, C)
         else:
-            h = unit.index_select(1, cols.to(unit.device)).mul_(d.view(1, c, 1))
+            if unit.dim() == 5:
+                unit = unit.reshape(B, -1, C)
+            if torch.equal(cols, torch.arange(first, first + c)):
+                h = torch.mul(unit[:, first:first + c], d.view(1, c, 1),  # a view: no gather
+                              out=unit.new_empty(B, c, C))
+            else:
+                h = unit.index_select(1, cols.to(unit.device)).mul_(d.view(1, c, 1))
         if kinked:
             _add_kinks(h, jac, zv, wv, shape, cols, d)
         h.add_(logits.unsqueeze(1))                                   # (B, c, C)
         per = loss_fn(h.view(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
-        losses[members_t[sel]] = per.to(torch.float64)
+        for j, value in zip(members_t[sel].tolist(), per.tolist()):
+            losses[j] = value
 
 
 def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
@@ -516,8 +518,6 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
     li, kind, extra = where
     layer, a, z = layers[li], acts[li], outs[li]
     M = z.shape[-1]
-    positions = torch.as_tensor(members, dtype=torch.long)
-    members = positions.tolist()
     flat = torch.tensor([points[n][1] for n in members], dtype=torch.long, device=z.device)
     if extra is not None and kind != "core":
         flat = extra[flat]             # kept values -> positions in the dense tensor
@@ -553,8 +553,9 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
             for m in acts_after:
                 zs_new, zs = m(zs_new), m(zs)
             h = (outs[-1] + torch.einsum(change, zs_new - zs, ws)).reshape(C * B, -1)
-            per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1)
-            losses[positions[sel]] = per.to(torch.float64)
+            per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
+            for n, value in zip(members[sel], per):
+                losses[n] = value
             continue
         rows = torch.arange(C, device=z.device)
         zc = z.unsqueeze(0).repeat(C, 1, 1)
@@ -570,8 +571,9 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
         h = zc.reshape(C * B, M)
         for m in layers[li + 1:]:
             h = m(h)
-        per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1)
-        losses[positions[sel]] = per.to(torch.float64)
+        per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
+        for n, value in zip(members[sel], per):
+            losses[n] = value
 
 
 def _tail(layers, li):
