@@ -21,6 +21,10 @@ UINT64_MAX = 2**64 - 1
 def check_int(value: object, name: str, low: int, high: int) -> int:
     """Return ``value`` as a Python int, or raise ``ValueError`` unless it is an integer in
     ``[low, high]``. ``bool`` is rejected: ``True`` as a seed is almost always a bug."""
+    # a plain int in range needs no abc checks (~1 us each): a ZO step validates hundreds of
+    # seeds and shape entries (issue 32); bool and other types take the full check below
+    if type(value) is int and low <= value <= high:
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ValueError(
             f"{name} must be an int in [{low}, {high}], got {value!r} "
@@ -44,6 +48,8 @@ def check_seed32_nonzero(seed: object, name: str = "seed") -> int:
 
 def check_shape(shape: object, name: str = "shape") -> tuple[int, ...]:
     """Normalise an int, ``torch.Size`` or sequence of non-negative ints to a tuple."""
+    if type(shape) is torch.Size:
+        return tuple(check_int(d, f"{name}[{i}]", 0, 2**62) for i, d in enumerate(shape))
     if isinstance(shape, numbers.Integral) and not isinstance(shape, (bool, np.bool_)):
         shape = (shape,)
     if not isinstance(shape, (Sequence, torch.Size)) or isinstance(shape, (str, bytes)):

@@ -155,7 +155,10 @@ def _contract(x: torch.Tensor, cores: list[torch.Tensor]) -> torch.Tensor:
     ns = [c.shape[-2] for c in cores]
     ms = [c.shape[-3] for c in cores]
     B = x.shape[-2]
-    lead = torch.broadcast_shapes(tuple(x.shape[:-2]), q)
+    xlead = tuple(x.shape[:-2])
+    # torch.broadcast_shapes is a Python reference implementation (~20 us a call, issue 32's
+    # RGE steps run 22 of these per step); the common cases need none
+    lead = q if not xlead or xlead == q else xlead if not q else torch.broadcast_shapes(xlead, q)
     state = x
     for k in range(len(cores) - 1, -1, -1):
         core = cores[k]

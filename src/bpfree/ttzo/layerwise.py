@@ -394,18 +394,28 @@ def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, member
                       wv.permute(2, 0, 1, 3).contiguous().unsqueeze(0),
                       out=z.new_empty(B, m, C, O, P)).view(B, m * C, O * P)
         unit = torch.bmm(jac.view(B, E, O * P), g.transpose(1, 2))    # (B, (ν, β, α), (μ, c))
-        # -> (B, (α, μ, ν, β), C): the core's flat order
-        unit = unit.view(B, n * r1, r0, m, C).permute(0, 2, 3, 1, 4).reshape(B, -1, C)
+        # -> (B, (α, μ, ν, β), C): the core's flat order, as a permuted view; a step over
+        # the whole core reads it in the product with δ below, copied only otherwise (the
+        # copy was ~10 % of a tt6 CGE step, issue 32)
+        unit = unit.view(B, n * r1, r0, m, C).permute(0, 2, 3, 1, 4)
+    whole = (r0, m, n * r1)
     flat, deltas, members_t = members.flat, members.deltas.to(z.device), members.index
     for sel in _rounds(flat):
         c = sel.numel()
         cols, d = flat[sel], deltas[sel]
         first = int(cols[0])
-        if torch.equal(cols, torch.arange(first, first + c)):
-            h = torch.mul(unit[:, first:first + c], d.view(1, c, 1),  # a view: no gather
-                          out=unit.new_empty(B, c, C))
+        if unit.dim() == 5 and c == math.prod(whole) and torch.equal(cols, torch.arange(c)):
+            # every entry in flat order: δ·unit written straight in (B, c, C) order
+            h = torch.mul(unit, d.view(1, *whole, 1),
+                          out=unit.new_empty(B, *whole, C)).view(B, c, C)
         else:
-            h = unit.index_select(1, cols.to(unit.device)).mul_(d.view(1, c, 1))
+            if unit.dim() == 5:
+                unit = unit.reshape(B, -1, C)
+            if torch.equal(cols, torch.arange(first, first + c)):
+                h = torch.mul(unit[:, first:first + c], d.view(1, c, 1),  # a view: no gather
+                              out=unit.new_empty(B, c, C))
+            else:
+                h = unit.index_select(1, cols.to(unit.device)).mul_(d.view(1, c, 1))
         if kinked:
             _add_kinks(h, jac, zv, wv, shape, cols, d)
         h.add_(logits.unsqueeze(1))                                   # (B, c, C)
