@@ -56,6 +56,11 @@ FITTED_STEPS = 12
 #: The full run's floating dtype: every network value the sparse grid and FD combine, the
 #: networks and the points (issue 32; float32 rounding decided the backends' order).
 FULL_DTYPE = "float64"
+#: The dtype SE's network values are computed in, in every mode: its 1,024 ± pairs carry equal
+#: positive weights, so rounding averages out and its error is its sampling noise (bench
+#: pinn-cost's rounding rows measure both); float32 halves its cost (issue 32). FD's and the
+#: grid's values keep the run's dtype: their coefficients of both signs amplify rounding.
+SE_DTYPE = "float32"
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures"
@@ -167,12 +172,17 @@ def eval_points(problem, cfg, seed: int):
                                      dtype=getattr(torch, cfg.get("dtype", "float32")))
 
 
-def _backend(name, seed: int = 0):
+def _backend(name, seed: int = 0, se_dtype: str | None = SE_DTYPE):
+    """The run's derivative backend ``name``; ``se_dtype``: SE's compute dtype (None: the
+    points'; with a dtype, ``fn`` must take points of it, as ``Transformed.network_fn`` does)."""
+    import torch
+
     from bpfree.pinn import get_backend
 
-    return get_backend(name, **{"AD": {}, "FD": {"h": 0.01}, "SE": {"sigma": 0.1,
-                                "num_samples": 1024, "seed": seed},
-                                "SG": {"sigma": 0.1, "level": 3}}[name])
+    return get_backend(name, **{"AD": {}, "FD": {"h": 0.01}, "SE": {
+        "sigma": 0.1, "num_samples": 1024, "seed": seed,
+        "compute_dtype": se_dtype and getattr(torch, se_dtype)},
+        "SG": {"sigma": 0.1, "level": 3}}[name])
 
 
 def _train(kind, model_name, backend_name, cfg, problem, val, test, seed: int = 0,
@@ -529,13 +539,14 @@ def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
                  holds=UNDECIDED, note=note)
 
 
-def derivative_errors(net, problem, points, reference=None) -> dict:
+def derivative_errors(net, problem, points, reference=None, se_dtype=SE_DTYPE) -> dict:
     """Relative error of each backend's gradient and Laplacian against AD's at ``points``.
 
     The investigation of Table 5's margin: a ZO step only sees the loss, so the loss's
     fidelity, i.e. the derivative estimate's error, bounds how well ZO can do.
     ``reference``: the (gradient, Laplacian) to compare with instead of AD's at the
-    network's own precision (e.g. float64 AD, to see float32 rounding).
+    network's own precision (e.g. float64 AD, to see float32 rounding). ``se_dtype``: as in
+    :func:`_backend` (None evaluates SE in the points' dtype, for a plain ``net``).
     """
     import torch
 
@@ -546,7 +557,8 @@ def derivative_errors(net, problem, points, reference=None) -> dict:
     out = {}
     for name in ("FD", "SE", "SG"):
         with torch.no_grad():
-            grad, lap = _backend(name)(net, points, laplacian_dims=problem.laplacian_dims)
+            grad, lap = _backend(name, se_dtype=se_dtype)(
+                net, points, laplacian_dims=problem.laplacian_dims)
         out[name] = {"gradient": float((grad.double() - grad_ref).norm() / grad_ref.norm()),
                      "laplacian": float((lap.double() - lap_ref).norm() / lap_ref.norm())}
     return out
@@ -771,7 +783,7 @@ def _run(quick: bool):
                          "value": mean_of(res, "seconds"), "paper": None})
     rows += search_rows(search, {k: setting(k[1]) for k in runs})
     # Table 5 investigation: each backend's derivative error on the untrained TT-3 network.
-    probe = network(cfg, "TT-3", problem, seeds[0]).network
+    probe = network(cfg, "TT-3", problem, seeds[0]).network_fn()   # the runs' evaluation path
     points = problem.sample(64, 0, generator=torch.Generator().manual_seed(7),
                             dtype=getattr(torch, cfg.get("dtype", "float32"))).interior
     errors = derivative_errors(probe, problem, points)
