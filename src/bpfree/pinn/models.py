@@ -81,13 +81,20 @@ class SineMLP(nn.Module):
         c = shifts.to(dtype) @ weights[0].t()
         sin_a, cos_a, sin_c, cos_c = a.sin(), a.cos(), c.sin(), c.cos()
         b, k = x.shape[0], shifts.shape[0]
-        if torch.is_grad_enabled():
-            h = (sin_a[:, None] * cos_c[None] + cos_a[:, None] * sin_c[None]).reshape(b * k, -1)
-            for i, (w, bias) in enumerate(zip(weights[1:], biases[1:])):
-                h = nn.functional.linear(h if i == 0 else torch.sin(h), w, bias)
-            return h.reshape(b, k, -1)
-        out = x.new_empty(b, k, weights[-1].shape[0])
         per = max(1, self.shifted_rows // k)          # whole points per chunk
+        if torch.is_grad_enabled():
+            # chunks here too: autograd keeps every chunk's activations, but as pieces small
+            # enough for the allocator to reuse across steps (a whole (B·K, H) tensor is a
+            # fresh, page-faulting mapping each time)
+            outs = []
+            for i in range(0, b, per):
+                h = sin_a[i:i + per, None] * cos_c[None] + cos_a[i:i + per, None] * sin_c[None]
+                h = h.reshape(-1, h.shape[-1])
+                for j, (w, bias) in enumerate(zip(weights[1:], biases[1:])):
+                    h = nn.functional.linear(h if j == 0 else torch.sin(h), w, bias)
+                outs.append(h)
+            return torch.cat(outs).reshape(b, k, -1)
+        out = x.new_empty(b, k, weights[-1].shape[0])
         rows = min(per, b) * k
         buffers = [x.new_empty(rows, w.shape[0]) for w in weights[:-1]]
         for i in range(0, b, per):
