@@ -1,8 +1,8 @@
-"""Projected CPU time of the full `bench pinn` run (64 + 128 points per step), from measured loss-evaluation times of its tasks, and the largest step budget that fits 3 wall hours.
+"""Projected CPU time of the full `bench pinn` run, from measured loss-evaluation times of its tasks, and the largest step budget that fits 3 wall hours at its and other point counts per step.
 
 Every (kind, network, derivative backend) run of pinn's full configuration
-(``pinn.planned_config``: HJB-20, 768-wide networks, 64 interior + 128 terminal points per
-step, 3 seeds, ``pinn.FITTED_STEPS`` FO and ZO steps; TT-ZO §5.2 states no step count) is
+(``pinn.planned_config``: HJB-20, 768-wide networks, ``pinn.FULL_POINTS`` interior +
+terminal points per step, 3 seeds, ``pinn.FITTED_STEPS`` FO and ZO steps; TT-ZO §5.2 states no step count) is
 built as `bench pinn` builds it (same networks, same backends, the full run's dtype: float64
 since issue 32), and one step's work is timed on one thread as CPU seconds
 (``time.process_time``: robust to other jobs sharing the machine), median over a few repeats
@@ -22,8 +22,8 @@ the task's runs: its seeds, plus (full mode) its search's candidates on seed 0 f
 ablation runs (one per ``pinn.ABLATION_MUS``). `bench pinn` trains its runs one after the
 other in one process (torch's intra-op threads use both cores), so the wall projection on 2
 cores assumes perfect 2-thread scaling: a lower bound. ``largest_fitting_steps`` is the
-largest FO = ZO step count whose projection fits ``TARGET_WALL_HOURS``; ``pinn.FITTED_STEPS``
-is set to it. ``--quick`` times the same tasks with one repeat (a smoke run of the script).
+largest FO = ZO step count whose projection fits ``TARGET_WALL_HOURS`` (``pinn.FITTED_STEPS``
+is chosen from these, see its comment). ``--quick`` times the same tasks with one repeat (a smoke run of the script).
 
 Since issue 32 the tasks are also timed at ``POINT_OPTIONS`` residual + terminal points
 (``extra.budgets``: each one's largest fitting steps and the float32 run's 250 steps'

@@ -463,10 +463,13 @@ def test_cost_projection_covers_every_full_run_once_and_scales_with_steps():
 
     bench, cost = _pinn_bench(), load_module("pinn_cost")
     cfg = bench.planned_config()
-    # issue 32: the plan is the run, at 64 + 128 points and FITTED_STEPS steps
+    # issue 32: the plan is the run, at FULL_POINTS and FITTED_STEPS steps, a budget not
+    # below the float32 run's (250 steps at 8 + 32 points)
     assert cfg == bench._config(False)
     assert (cfg["zo_steps"], cfg["fo_steps"], cfg["batch"], cfg["n_initial"]) == \
-        (bench.FITTED_STEPS, bench.FITTED_STEPS, 64, 128)
+        (bench.FITTED_STEPS, bench.FITTED_STEPS, *bench.FULL_POINTS)
+    assert bench.FITTED_STEPS >= 250 and cfg["batch"] >= 8 and cfg["n_initial"] >= 32
+    assert (64, 128) in cost.POINT_OPTIONS and bench.FULL_POINTS in cost.POINT_OPTIONS
     tasks = cost.full_tasks(cfg, bench._models(cfg))
     # Tables 4-5 on the two networks (4 FO + 3 ZO backends each), Table 6 adds FO-AD and
     # ZO-SG on the three other networks; the shared runs are trained (and projected) once
@@ -513,10 +516,11 @@ def test_benchmark_full_mode_claims_say_the_fitted_budget(tmp_path, monkeypatch)
         assert "unmeasured number of wall hours" in c["note"]      # no pinn-cost.json in ROOT
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setattr(bench, "ROOT", root)
-    per_step = json.loads((root / "results" / "pinn-cost.json").read_text())["extra"].get(
-        "wall_hours_per_step")
-    if per_step is not None:      # the projection of results/pinn-cost.json at any budget
-        assert bench._planned_wall_hours(100) == f"{100 * per_step:.1f}"
+    extra = json.loads((root / "results" / "pinn-cost.json").read_text())["extra"]
+    for budget in extra.get("budgets", []):   # results/pinn-cost.json's projection at its points
+        assert bench._planned_wall_hours(100, budget["points"]) == \
+            f"{100 * budget['wall_hours_per_step']:.1f}"
+    assert bench._planned_wall_hours(100, (3, 5)) == "an unmeasured number of"
 
 
 def test_poisson_sigma_facts_match_the_closed_form():
