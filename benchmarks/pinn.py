@@ -52,10 +52,10 @@ ZO_MUS = (0.1, 0.01, 0.001, 1e-4)   # also the radii zo_investigation measures
 FO_LR_FACTORS = (1 / 10, 1 / 3, 1.0, 3.0, 10.0)
 SEARCH_FRACTION = 0.25
 #: Full-mode FO and ZO steps and (residual, terminal) points per step (issue 32: a budget
-#: larger than the float32 run's 250 steps at 8 + 32). results/pinn-cost.json's budgets: at
-#: the paper's 64 + 128 points only 24 steps fit 3 wall hours on 2 cores, at 8 + 128 points
-#: 195; the float32 run's 250 steps at 8 + 128 project about 3.8 h (before the chunked FO
-#: path), the smallest budget not below that run's (4x its terminal points, float64).
+#: larger than the float32 run's 250 steps at 8 + 32). results/pinn-cost.json's budgets
+#: (largest_fitting_steps, float32_run_wall_hours): at the paper's 64 + 128 points few steps
+#: fit 3 wall hours on 2 cores; 250 steps at 8 + 128 points, the smallest budget not below
+#: the float32 run's (4x its terminal points, float64), project somewhat more than 3 hours.
 FITTED_STEPS = 250
 FULL_POINTS = (8, 128)
 #: The full run's floating dtype: every network value the sparse grid and FD combine, the
