@@ -11,9 +11,11 @@ seeds 0, 1, 2 (network initialisation, collocation points, directions); the repo
 against the exact solution at 1000 uniform *test* points drawn once and read by nothing
 else, while training logs and any choice read a separate set of 1000 validation points. The derivatives of the known part ``‖x‖₁ + 1 − t`` are
 added in closed form (``bpfree.pinn.Transformed``); The full run keeps the §5.2 networks and
-sample counts, runs in float64 and takes 64 residual + 128 terminal points per step for
-``FITTED_STEPS`` steps, the largest budget whose projection fits about 3 wall hours on 2 cores
-(the paper states neither; ``bench pinn-cost``), and every claim says so;
+sample counts, runs in float64 (SE's network values in float32, where rounding does not
+decide) and takes ``FULL_POINTS`` residual + terminal points per step for ``FITTED_STEPS``
+steps: the float32 run's 250 steps at the paper's 128 terminal points, the smallest budget
+not below that run's, with its projected wall hours on 2 cores (the paper states neither;
+``bench pinn-cost``), and every claim says so;
 ``--quick`` trains 256-wide instead of 768-wide TT/pruned networks for fewer steps still, so
 its MSEs are not comparable with the paper's.
 
@@ -49,13 +51,21 @@ PAPER_MU = 0.1       # §5.2: ZO-signRGE radius
 ZO_MUS = (0.1, 0.01, 0.001, 1e-4)   # also the radii zo_investigation measures
 FO_LR_FACTORS = (1 / 10, 1 / 3, 1.0, 3.0, 10.0)
 SEARCH_FRACTION = 0.25
-#: Full-mode FO and ZO steps (issue 32): results/pinn-cost.json's largest_fitting_steps, the
-#: largest count whose projection at 64 + 128 points in float64, searches and ablation
-#: included, fits about 3 wall hours on 2 cores (pinn_cost.TARGET_WALL_HOURS).
-FITTED_STEPS = 12
+#: Full-mode FO and ZO steps and (residual, terminal) points per step (issue 32: a budget
+#: larger than the float32 run's 250 steps at 8 + 32). results/pinn-cost.json's budgets
+#: (largest_fitting_steps, float32_run_wall_hours): at the paper's 64 + 128 points few steps
+#: fit 3 wall hours on 2 cores; 250 steps at 8 + 128 points, the smallest budget not below
+#: the float32 run's (4x its terminal points, float64), project somewhat more than 3 hours.
+FITTED_STEPS = 250
+FULL_POINTS = (8, 128)
 #: The full run's floating dtype: every network value the sparse grid and FD combine, the
 #: networks and the points (issue 32; float32 rounding decided the backends' order).
 FULL_DTYPE = "float64"
+#: The dtype SE's network values are computed in, in every mode: its 1,024 ± pairs carry equal
+#: positive weights, so rounding averages out and its error is its sampling noise (bench
+#: pinn-cost's rounding rows measure both); float32 halves its cost (issue 32). FD's and the
+#: grid's values keep the run's dtype: their coefficients of both signs amplify rounding.
+SE_DTYPE = "float32"
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures"
@@ -96,14 +106,15 @@ def _config(quick: bool) -> dict:
                     zo_lr=3e-3, full_mlp=False, time_repeats=3, seeds=SEEDS, dtype="float32",
                     poisson=dict(poisson, fo_steps=500, zo_steps=1000))
     # Full: the §5.2 networks (768 wide), sample counts (SE 1024 pairs, SG 925 nodes), σ, μ,
-    # N and lr. §5.2 gives no step count or batch size; the run takes 64 + 128 points per
-    # step (issue 32) and FITTED_STEPS steps, what fits about 3 wall hours on 2 cores
-    # (results/pinn-cost.json): 2049 and 925 evaluations per residual point make SE/SG cost
+    # N and lr. §5.2 gives no step count or batch size; the run takes FULL_POINTS per step
+    # and FITTED_STEPS steps (issue 32, results/pinn-cost.json's budgets): 2049 and 925
+    # evaluations per residual point make SE/SG cost
     # linear in the batch, so the points and the steps trade against each other.
     # float64 (issue 32): the grid's Smolyak weights sum to 841 in absolute value and FD
     # divides by h² = 1e-4, so in float32 both Laplacians carry 49 % rounding error (bench
     # pinn-zo-probe: float64 brings them to SG 0.054 and FD 3e-6, the methods' own errors).
-    return dict(width=768, fo_steps=FITTED_STEPS, zo_steps=FITTED_STEPS, batch=64, n_initial=128,
+    return dict(width=768, fo_steps=FITTED_STEPS, zo_steps=FITTED_STEPS, batch=FULL_POINTS[0],
+                n_initial=FULL_POINTS[1],
                 fo_lr=1e-3, zo_lr=1e-3, full_mlp=True, time_repeats=5, seeds=SEEDS,
                 dtype=FULL_DTYPE, search=True,
                 poisson=dict(poisson, fo_steps=2000, zo_steps=4000))
@@ -111,18 +122,27 @@ def _config(quick: bool) -> dict:
 
 def planned_config() -> dict:
     """The full run's configuration, which ``bench pinn-cost`` times and projects (since
-    issue 32 the plan is the run: 64 + 128 points, :data:`FITTED_STEPS` steps)."""
+    issue 32 the plan is the run: :data:`FULL_POINTS`, :data:`FITTED_STEPS` steps)."""
     return _config(False)
 
 
-def _planned_wall_hours(steps: int | None = None) -> str:
+def _planned_wall_hours(steps: int | None = None, points=None) -> str:
     """The projected wall hours of the full run at ``steps`` FO = ZO steps (default
-    :data:`FITTED_STEPS`), from ``bench pinn-cost``'s results file."""
+    :data:`FITTED_STEPS`) and ``points`` (residual, terminal) per step (default the full
+    config's), from ``bench pinn-cost``'s results file: its budget at those points."""
     import json
 
+    cfg = _config(False)
+    points = list(points or (cfg["batch"], cfg["n_initial"]))
     try:
         extra = json.loads((ROOT / "results" / "pinn-cost.json").read_text())["extra"]
-        return f"{extra['wall_hours_per_step'] * (steps or FITTED_STEPS):.1f}"
+        per = next((b["wall_hours_per_step"] for b in extra.get("budgets", [])
+                    if b["points"] == points), None)
+        if per is None and extra.get("points", points) == points:
+            per = extra["wall_hours_per_step"]
+        if per is None:
+            raise KeyError("no projection at these points")
+        return f"{per * (steps or FITTED_STEPS):.1f}"
     except (OSError, ValueError, KeyError, TypeError):
         return "an unmeasured number of"
 
@@ -167,12 +187,17 @@ def eval_points(problem, cfg, seed: int):
                                      dtype=getattr(torch, cfg.get("dtype", "float32")))
 
 
-def _backend(name, seed: int = 0):
+def _backend(name, seed: int = 0, se_dtype: str | None = SE_DTYPE):
+    """The run's derivative backend ``name``; ``se_dtype``: SE's compute dtype (None: the
+    points'; with a dtype, ``fn`` must take points of it, as ``Transformed.network_fn`` does)."""
+    import torch
+
     from bpfree.pinn import get_backend
 
-    return get_backend(name, **{"AD": {}, "FD": {"h": 0.01}, "SE": {"sigma": 0.1,
-                                "num_samples": 1024, "seed": seed},
-                                "SG": {"sigma": 0.1, "level": 3}}[name])
+    return get_backend(name, **{"AD": {}, "FD": {"h": 0.01}, "SE": {
+        "sigma": 0.1, "num_samples": 1024, "seed": seed,
+        "compute_dtype": se_dtype and getattr(torch, se_dtype)},
+        "SG": {"sigma": 0.1, "level": 3}}[name])
 
 
 def _train(kind, model_name, backend_name, cfg, problem, val, test, seed: int = 0,
@@ -529,13 +554,14 @@ def _unless_stalled(entry: dict, mse: dict, moved: dict | None) -> dict:
                  holds=UNDECIDED, note=note)
 
 
-def derivative_errors(net, problem, points, reference=None) -> dict:
+def derivative_errors(net, problem, points, reference=None, se_dtype=SE_DTYPE) -> dict:
     """Relative error of each backend's gradient and Laplacian against AD's at ``points``.
 
     The investigation of Table 5's margin: a ZO step only sees the loss, so the loss's
     fidelity, i.e. the derivative estimate's error, bounds how well ZO can do.
     ``reference``: the (gradient, Laplacian) to compare with instead of AD's at the
-    network's own precision (e.g. float64 AD, to see float32 rounding).
+    network's own precision (e.g. float64 AD, to see float32 rounding). ``se_dtype``: as in
+    :func:`_backend` (None evaluates SE in the points' dtype, for a plain ``net``).
     """
     import torch
 
@@ -546,7 +572,8 @@ def derivative_errors(net, problem, points, reference=None) -> dict:
     out = {}
     for name in ("FD", "SE", "SG"):
         with torch.no_grad():
-            grad, lap = _backend(name)(net, points, laplacian_dims=problem.laplacian_dims)
+            grad, lap = _backend(name, se_dtype=se_dtype)(
+                net, points, laplacian_dims=problem.laplacian_dims)
         out[name] = {"gradient": float((grad.double() - grad_ref).norm() / grad_ref.norm()),
                      "laplacian": float((lap.double() - lap_ref).norm() / lap_ref.norm())}
     return out
@@ -771,7 +798,7 @@ def _run(quick: bool):
                          "value": mean_of(res, "seconds"), "paper": None})
     rows += search_rows(search, {k: setting(k[1]) for k in runs})
     # Table 5 investigation: each backend's derivative error on the untrained TT-3 network.
-    probe = network(cfg, "TT-3", problem, seeds[0]).network
+    probe = network(cfg, "TT-3", problem, seeds[0]).network_fn()   # the runs' evaluation path
     points = problem.sample(64, 0, generator=torch.Generator().manual_seed(7),
                             dtype=getattr(torch, cfg.get("dtype", "float32"))).interior
     errors = derivative_errors(probe, problem, points)
@@ -786,9 +813,10 @@ def _run(quick: bool):
         "§5.2 settings, 768 wide).") if quick else (
         f"Below the paper's budget: §5.2 states no step count or batch size; this run trains "
         f"{cfg['fo_steps']} FO / {cfg['zo_steps']} ZO steps with {cfg['batch']} residual + "
-        f"{cfg['n_initial']} terminal points per step in {cfg.get('dtype', 'float32')}, the "
-        f"largest budget that fits about 3 wall hours on 2 cores (projected "
-        f"{_planned_wall_hours(cfg['zo_steps'])} wall hours: results/pinn-cost.json).")
+        f"{cfg['n_initial']} terminal points per step in {cfg.get('dtype', 'float32')} "
+        f"(SE's network values in {SE_DTYPE}), projected "
+        f"{_planned_wall_hours(cfg['zo_steps'], (cfg['batch'], cfg['n_initial']))} wall "
+        "hours on 2 cores (results/pinn-cost.json).")
     moved = {k: _gmean([r.val_mse / r.initial_val_mse for r in v]) for k, v in runs.items()}
     claims = ledger({k: [r.test_mse for r in v] for k, v in runs.items()}, below, moved)
     total = time.perf_counter() - start

@@ -1,8 +1,8 @@
-"""Projected CPU time of the full `bench pinn` run (64 + 128 points per step), from measured loss-evaluation times of its tasks, and the largest step budget that fits 3 wall hours.
+"""Projected CPU time of the full `bench pinn` run, from measured loss-evaluation times of its tasks, and the largest step budget that fits 3 wall hours at its and other point counts per step.
 
 Every (kind, network, derivative backend) run of pinn's full configuration
-(``pinn.planned_config``: HJB-20, 768-wide networks, 64 interior + 128 terminal points per
-step, 3 seeds, ``pinn.FITTED_STEPS`` FO and ZO steps; TT-ZO §5.2 states no step count) is
+(``pinn.planned_config``: HJB-20, 768-wide networks, ``pinn.FULL_POINTS`` interior +
+terminal points per step, 3 seeds, ``pinn.FITTED_STEPS`` FO and ZO steps; TT-ZO §5.2 states no step count) is
 built as `bench pinn` builds it (same networks, same backends, the full run's dtype: float64
 since issue 32), and one step's work is timed on one thread as CPU seconds
 (``time.process_time``: robust to other jobs sharing the machine), median over a few repeats
@@ -22,8 +22,15 @@ the task's runs: its seeds, plus (full mode) its search's candidates on seed 0 f
 ablation runs (one per ``pinn.ABLATION_MUS``). `bench pinn` trains its runs one after the
 other in one process (torch's intra-op threads use both cores), so the wall projection on 2
 cores assumes perfect 2-thread scaling: a lower bound. ``largest_fitting_steps`` is the
-largest FO = ZO step count whose projection fits ``TARGET_WALL_HOURS``; ``pinn.FITTED_STEPS``
-is set to it. ``--quick`` times the same tasks with one repeat (a smoke run of the script).
+largest FO = ZO step count whose projection fits ``TARGET_WALL_HOURS`` (``pinn.FITTED_STEPS``
+is chosen from these, see its comment). ``--quick`` times the same tasks with one repeat (a smoke run of the script).
+
+Since issue 32 the tasks are also timed at ``POINT_OPTIONS`` residual + terminal points
+(``extra.budgets``: each one's largest fitting steps and the float32 run's 250 steps'
+projection), the networks evaluate every Stein / FD node through
+``SineMLP.forward_shifted`` (shared first layer), SE computes its values in
+``pinn.SE_DTYPE``, and rows measure what that float32 costs SE in rounding beside its
+sampling noise (``extra.se_rounding``).
 """
 
 from __future__ import annotations
@@ -96,6 +103,13 @@ def largest_fitting_steps(per_step: dict, runs, limit: float, most: int) -> int:
     return most if per <= 0 else min(most, int(limit // per))
 
 
+#: Residual + terminal points per step at which the budget is also projected (issue 32: the
+#: float32 run took 250 steps at 8 + 32; the paper's terminal count is 128).
+POINT_OPTIONS = ((64, 128), (16, 128), (8, 128))
+#: The float32 full run's step count (results/pinn.json at 3f220be), for the comparison rows.
+FLOAT32_RUN_STEPS = 250
+TR = "SE's rounding against its sampling noise (network values in SE_DTYPE)"
+
 #: CPU seconds from which one timed call of a task is enough: a step of seconds is timed to a
 #: few per cent by process_time, and the SE / SG steps at 64 points take tens of seconds.
 ONE_CALL_SECONDS = 2.0
@@ -126,29 +140,36 @@ def _zo_forwards_per_step(pinn, cfg, problem, val) -> int:
     return res.loss_evaluations
 
 
-def run(quick: bool) -> tuple[list[dict], dict]:
-    import pinn
+def se_rounding(pinn, problem, dtype, seeds=(0, 1, 2, 3), points: int = 64) -> dict:
+    """SE's rounding error beside its sampling noise on the untrained TT-3 (seed 0) at
+    ``points`` residual points (draw 7, as bench pinn's derivative rows), the network in
+    ``dtype``: ``rounding`` = ‖lap(values in SE_DTYPE) − lap(values in dtype)‖ / ‖lap‖ with the
+    same directions; ``sampling`` = the RMS over direction draws (``seeds``) of
+    ‖lap_s − mean lap‖ / ‖mean lap‖, values in ``dtype``; likewise for the gradient."""
+    fn = pinn.network({**pinn.planned_config(), "dtype": str(dtype).removeprefix("torch.")},
+                      "TT-3", problem, SEED).network_fn()
+    x = problem.sample(points, 0, generator=torch.Generator().manual_seed(7),
+                       dtype=dtype).interior
+    dims = problem.laplacian_dims
+    with torch.no_grad():
+        exact = [pinn._backend("SE", s, se_dtype=None)(fn, x, laplacian_dims=dims) for s in seeds]
+        low = pinn._backend("SE", seeds[0])(fn, x, laplacian_dims=dims)
+    out = {}
+    for i, what in enumerate(("gradient", "laplacian")):
+        draws = torch.stack([e[i] for e in exact])
+        mean = draws.mean(0)
+        out[what] = {
+            "rounding": float((low[i] - exact[0][i]).norm() / exact[0][i].norm()),
+            "sampling": float(((draws - mean).flatten(1).norm(dim=1) ** 2).mean().sqrt()
+                              / mean.norm())}
+    return out
 
-    from bpfree.pinn import HJB, pinn_loss, train_zo
 
-    torch.set_num_threads(1)
-    cfg = pinn.planned_config()
-    problem = HJB(20)
-    val = pinn.eval_points(problem, cfg, pinn.VAL_SEED)
-    batch = problem.sample(cfg["batch"], cfg["n_initial"],
-                           generator=torch.Generator().manual_seed(99),
-                           dtype=getattr(torch, cfg.get("dtype", "float32")))
-    models = pinn._models(cfg, SEED)
-    forwards = _zo_forwards_per_step(pinn, cfg, problem, val)
-    rows, per_step = [], {}
+def time_tasks(pinn, cfg, problem, models, batch, small, repeats: int, forwards: int) -> dict:
+    """``{task: (CPU seconds per step, how it was timed)}`` of every full task at ``batch``."""
+    from bpfree.pinn import pinn_loss
 
-    def row(table, method, setting, metric, value):
-        rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
-                     "value": float(value), "paper": None})
-
-    # a 2 + 2-point batch for the warm-up (plans and caches, not a full step's work)
-    small = problem.sample(2, 2, generator=torch.Generator().manual_seed(98),
-                           dtype=getattr(torch, cfg.get("dtype", "float32")))
+    per_step = {}
     for kind, net_name, b in full_tasks(cfg, models):
         net = pinn.network(cfg, net_name, problem, SEED)
         backend = pinn._backend(b, SEED)
@@ -161,7 +182,6 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             with torch.no_grad():
                 pinn_loss(net, problem, backend, points)
 
-        repeats = 1 if quick else 3
         if kind == "FO":
             seconds, timed = _cpu_median(fo_step, repeats, lambda: fo_step(small))
             how = f"1 loss + backward; median of {timed}"
@@ -169,7 +189,42 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             seconds, timed = _cpu_median(zo_loss, repeats, lambda: zo_loss(small))
             seconds *= forwards
             how = f"{forwards} loss evaluations; median of {timed}"
-        per_step[(kind, net_name, b)] = seconds
+        per_step[(kind, net_name, b)] = (seconds, how)
+    return per_step
+
+
+def run(quick: bool) -> tuple[list[dict], dict]:
+    import pinn
+
+    from bpfree.pinn import HJB, train_zo
+
+    torch.set_num_threads(1)
+    cfg = pinn.planned_config()
+    problem = HJB(20)
+    dtype = getattr(torch, cfg.get("dtype", "float32"))
+    val = pinn.eval_points(problem, cfg, pinn.VAL_SEED)
+    models = pinn._models(cfg, SEED)
+    forwards = _zo_forwards_per_step(pinn, cfg, problem, val)
+    rows = []
+
+    def row(table, method, setting, metric, value):
+        rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
+                     "value": float(value), "paper": None})
+
+    def sample(residual, terminal, seed):
+        return problem.sample(residual, terminal, generator=torch.Generator().manual_seed(seed),
+                              dtype=dtype)
+
+    # a 2 + 2-point batch for the warm-up (plans and caches, not a full step's work)
+    small = sample(2, 2, 98)
+    repeats = 1 if quick else 3
+    planned = (int(cfg["batch"]), int(cfg["n_initial"]))
+    options = list(dict.fromkeys([planned, *POINT_OPTIONS]))
+    timed = {pts: time_tasks(pinn, cfg, problem, models, sample(*pts, 99), small, repeats,
+                             forwards) for pts in options}
+    per_step = {task: sec for task, (sec, _) in timed[planned].items()}
+    batch = sample(*planned, 99)
+    for (kind, net_name, b), (seconds, how) in timed[planned].items():
         row(TABLE, f"{kind}+{b}", f"{net_name}; {how}", "CPU s per step", seconds)
 
     # check: real train_zo steps of the cheapest ZO task against its projection
@@ -216,6 +271,27 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     # the budget: wall hours are linear in the steps, so the largest fitting count is exact
     fitting = largest_fitting_steps(per_step, runs, TARGET_WALL_HOURS, 100_000)
     per_step_wall = wall_hours(project(per_step, {"FO": 1, "ZO": 1}, runs))
+    budgets = []
+    for pts in options:
+        sec = {task: v for task, (v, _) in timed[pts].items()}
+        steps_fit = largest_fitting_steps(sec, runs, TARGET_WALL_HOURS, 100_000)
+        per = wall_hours(project(sec, {"FO": 1, "ZO": 1}, runs))
+        budgets.append({"points": list(pts), "wall_hours_per_step": per,
+                        "largest_fitting_steps": steps_fit,
+                        "fitting_wall_hours": steps_fit * per,
+                        "residual_point_steps": steps_fit * pts[0],
+                        "float32_run_wall_hours": FLOAT32_RUN_STEPS * per})
+        row(PROJ, "all runs", f"{pts[0]} + {pts[1]} points: FO = ZO = {steps_fit} steps (the "
+            f"largest that fits {TARGET_WALL_HOURS:g} h)",
+            f"wall hours on {CORES} cores (perfect scaling)", steps_fit * per)
+        row(PROJ, "all runs", f"{pts[0]} + {pts[1]} points: FO = ZO = {FLOAT32_RUN_STEPS} "
+            "steps (the float32 run's count)", f"wall hours on {CORES} cores (perfect scaling)",
+            FLOAT32_RUN_STEPS * per)
+    rounding = se_rounding(pinn, problem, dtype, seeds=(0, 1) if quick else (0, 1, 2, 3))
+    for what, r in rounding.items():
+        for part, v in r.items():
+            row(TR, "SE", f"TT-3 {cfg['width']} untrained, 64 points, network in {cfg.get('dtype')}, "
+                f"values in {pinn.SE_DTYPE}", f"relative {what} {part}", v)
     row(PROJ, "all runs", f"FO = ZO = {fitting} steps (the largest that fits "
         f"{TARGET_WALL_HOURS:g} h)", f"wall hours on {CORES} cores (perfect scaling)",
         fitting * per_step_wall)
@@ -228,6 +304,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
              "wall_hours_per_step": per_step_wall,
              "fitting_wall_hours": fitting * per_step_wall,
              "zo_share_of_hours": zo_share,
+             "budgets": budgets, "se_rounding": rounding, "se_dtype": pinn.SE_DTYPE,
              "heaviest": [f"{k_} {n} {b}: {h:.2f} h" for (k_, n, b), h in
                           sorted(hours.items(), key=lambda kv: -kv[1])[:5]],
              "notes": [

@@ -54,8 +54,9 @@ def derivative_errors_by_dtype(pinn, base, problem, points) -> dict:
         if reference is None:
             reference = [t.detach() for t in pinn._backend("AD")(
                 net, x, laplacian_dims=problem.laplacian_dims)]
-        out[str(dtype).removeprefix("torch.")] = pinn.derivative_errors(net, problem, x,
-                                                                        reference)
+        # every backend's values in this dtype, SE's too (the run computes SE's in SE_DTYPE)
+        out[str(dtype).removeprefix("torch.")] = pinn.derivative_errors(
+            net, problem, x, reference, se_dtype=None)
     base.to(torch.float32)
     return out
 

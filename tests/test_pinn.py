@@ -463,10 +463,13 @@ def test_cost_projection_covers_every_full_run_once_and_scales_with_steps():
 
     bench, cost = _pinn_bench(), load_module("pinn_cost")
     cfg = bench.planned_config()
-    # issue 32: the plan is the run, at 64 + 128 points and FITTED_STEPS steps
+    # issue 32: the plan is the run, at FULL_POINTS and FITTED_STEPS steps, a budget not
+    # below the float32 run's (250 steps at 8 + 32 points)
     assert cfg == bench._config(False)
     assert (cfg["zo_steps"], cfg["fo_steps"], cfg["batch"], cfg["n_initial"]) == \
-        (bench.FITTED_STEPS, bench.FITTED_STEPS, 64, 128)
+        (bench.FITTED_STEPS, bench.FITTED_STEPS, *bench.FULL_POINTS)
+    assert bench.FITTED_STEPS >= 250 and cfg["batch"] >= 8 and cfg["n_initial"] >= 32
+    assert (64, 128) in cost.POINT_OPTIONS and bench.FULL_POINTS in cost.POINT_OPTIONS
     tasks = cost.full_tasks(cfg, bench._models(cfg))
     # Tables 4-5 on the two networks (4 FO + 3 ZO backends each), Table 6 adds FO-AD and
     # ZO-SG on the three other networks; the shared runs are trained (and projected) once
@@ -513,10 +516,11 @@ def test_benchmark_full_mode_claims_say_the_fitted_budget(tmp_path, monkeypatch)
         assert "unmeasured number of wall hours" in c["note"]      # no pinn-cost.json in ROOT
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setattr(bench, "ROOT", root)
-    per_step = json.loads((root / "results" / "pinn-cost.json").read_text())["extra"].get(
-        "wall_hours_per_step")
-    if per_step is not None:      # the projection of results/pinn-cost.json at any budget
-        assert bench._planned_wall_hours(100) == f"{100 * per_step:.1f}"
+    extra = json.loads((root / "results" / "pinn-cost.json").read_text())["extra"]
+    for budget in extra.get("budgets", []):   # results/pinn-cost.json's projection at its points
+        assert bench._planned_wall_hours(100, budget["points"]) == \
+            f"{100 * budget['wall_hours_per_step']:.1f}"
+    assert bench._planned_wall_hours(100, (3, 5)) == "an unmeasured number of"
 
 
 def test_poisson_sigma_facts_match_the_closed_form():
@@ -610,10 +614,11 @@ def test_full_mode_runs_in_float64_and_its_grid_and_fd_laplacians_reach_the_prob
                             dtype=torch.float64).interior
     reference = [t.detach() for t in AutoDiff()(net.network, points,
                                                 laplacian_dims=problem.laplacian_dims)]
-    f64 = pinn.derivative_errors(net.network, problem, points, reference)
+    # through the runs' evaluation path (Transformed.network_fn: SineMLP.forward_shifted)
+    f64 = pinn.derivative_errors(net.network_fn(), problem, points, reference)
     assert f64["SG"]["laplacian"] < 0.1 and f64["FD"]["laplacian"] < 1e-4
     net.float()                       # the same network in float32, as before issue 32
-    f32 = pinn.derivative_errors(net.network, problem, points.float(), reference)
+    f32 = pinn.derivative_errors(net.network_fn(), problem, points.float(), reference)
     assert f32["SG"]["laplacian"] > 0.3 and f32["FD"]["laplacian"] > 0.3
 
 
@@ -655,3 +660,95 @@ def test_grid_and_fd_laplacians_of_a_known_quadratic_reach_float64_rounding_in_t
     for name in ("FD", "SG"):
         assert error(name, dtype) < 1e-8, name
         assert error(name, torch.float32) > 1e-2, name
+
+
+def _three_kinds_and_two_layers():
+    from torch import nn
+
+    from bpfree.pinn import SineMLP, dense_sine_mlp, pruned_sine_mlp, tt_sine_mlp
+
+    torch.manual_seed(0)
+    return {"dense": dense_sine_mlp(21, 24, seed=0), "tt": tt_sine_mlp(21, 64, rank=3, seed=0),
+            "pruned": pruned_sine_mlp(21, 64, trainable=400, seed=0),
+            "two-layer": SineMLP([nn.Linear(21, 20), nn.Linear(20, 2)], 21, "dense")}
+
+
+@pytest.mark.parametrize("kind", ["dense", "tt", "pruned", "two-layer"])
+def test_forward_shifted_is_the_forward_at_every_shifted_point(kind):
+    """Issue 32: SineMLP.forward_shifted (first layer by angle addition, chunked buffers
+    without gradients) is forward at every x_b + s_k, to float64 rounding, and so are its
+    parameter gradients; in float32 weights' dtype it computes in the points' dtype."""
+    net = _three_kinds_and_two_layers()[kind].double()
+    net.shifted_rows = 7                                   # several chunks, one ragged
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(5, 21, generator=g, dtype=torch.float64)
+    shifts = 0.1 * torch.randn(3, 21, generator=g, dtype=torch.float64)
+    ref = net((x[:, None] + shifts[None]).reshape(-1, 21)).reshape(5, 3, -1)
+    with torch.no_grad():
+        assert torch.allclose(net.forward_shifted(x, shifts), ref, rtol=0, atol=1e-12)
+    out = net.forward_shifted(x, shifts)
+    assert torch.allclose(out, ref.detach(), rtol=0, atol=1e-12)
+    params = [p for p in net.parameters() if p.requires_grad]
+    got = torch.autograd.grad(out.square().sum(), params)
+    want = torch.autograd.grad(ref.square().sum(), params)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        low = net.forward_shifted(x.float(), shifts.float())
+    assert low.dtype == torch.float32 and torch.allclose(low.double(), ref.detach(), atol=1e-5)
+    with pytest.raises(ValueError, match="shifts"):
+        net.forward_shifted(x, shifts[:, :5])
+
+
+def _sine_net_and_laplacians(sigma):
+    """A 21-20-2 sine net and its exact Laplacians: of the net, and of its σ-smoothed version
+    (E sin(w·(x+δ)+b) = exp(−σ²‖w‖²/2) sin(w·x+b) for δ ~ N(0, σ²I))."""
+    net = _three_kinds_and_two_layers()["two-layer"].double()
+    first, last = net.layers
+    x = torch.rand(8, 21, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        a = x @ first.weight.t() + first.bias                   # (B, H)
+        sq = (first.weight ** 2).sum(1)                         # ‖w_j‖²
+        exact = -(a.sin() * sq) @ last.weight.t()               # (B, n)
+        smoothed = -(a.sin() * sq * torch.exp(-sigma ** 2 * sq / 2)) @ last.weight.t()
+    return net, x, exact, smoothed
+
+
+def test_backends_through_the_shared_work_path_reach_the_analytic_laplacians_in_float64():
+    """FD and the sparse grid through ShiftedFn (the runs' path) against the closed-form
+    Laplacians of a sine net: FD's O(h²) error leaves it within 1e-5 of the exact one, the
+    grid's quadrature error (level 3 is exact to degree 5, so the net's degree-4 Taylor terms,
+    of relative size ~(σ‖w‖)², σ‖w‖ ≈ 0.06 here, remain) within 2 % of the smoothed one; and
+    both agree with the plain path (fn on the B·K rows) to float64 rounding."""
+    from bpfree.pinn import FiniteDifference, ShiftedFn, SparseGridStein
+
+    net, x, exact, smoothed = _sine_net_and_laplacians(0.1)
+    fn = ShiftedFn(net, net.forward_shifted)
+    with torch.no_grad():
+        for backend, want, tol in ((FiniteDifference(h=0.01), exact, 1e-5),
+                                   (SparseGridStein(0.1), smoothed, 2e-2)):
+            _, lap = backend(fn, x)
+            assert float((lap - want).norm() / want.norm()) < tol, backend.name
+            _, plain = backend(net, x)
+            assert float((lap - plain).norm() / plain.norm()) < 1e-9, backend.name
+            assert backend.forward_evaluations == 2 * len(x) * backend.evaluations(21)
+
+
+def test_stein_mc_float32_values_round_far_below_its_sampling_noise():
+    """Issue 32: SE's equal positive weights average its values' rounding out, so computing
+    them in float32 (compute_dtype, the runs' SE_DTYPE) moves the Laplacian by far less than
+    a fresh draw of directions does (here under 1 % of it)."""
+    from bpfree.pinn import ShiftedFn, SteinMC
+
+    net, x, _, smoothed = _sine_net_and_laplacians(0.1)
+    fn = ShiftedFn(net, net.forward_shifted)
+    with torch.no_grad():
+        draws = [SteinMC(0.1, 256, seed=s)(fn, x)[1] for s in range(4)]
+        low = SteinMC(0.1, 256, seed=0, compute_dtype=torch.float32)(fn, x)[1]
+    assert low.dtype == torch.float64
+    stack = torch.stack(draws)
+    sampling = float((stack - stack.mean(0)).norm() / stack.mean(0).norm())
+    rounding = float((low - draws[0]).norm() / draws[0].norm())
+    assert 0 < rounding < 0.01 * sampling
+    with pytest.raises(ValueError, match="compute_dtype"):
+        SteinMC(compute_dtype=torch.int32)

@@ -38,8 +38,8 @@ from torch.func import jacfwd, jacrev, vmap
 
 from .sparse_grid import sparse_grid
 
-__all__ = ["AutoDiff", "FiniteDifference", "SteinMC", "SparseGridStein", "get_backend",
-           "BACKENDS"]
+__all__ = ["AutoDiff", "FiniteDifference", "SteinMC", "SparseGridStein", "ShiftedFn",
+           "get_backend", "BACKENDS"]
 
 Fn = Callable[[Tensor], Tensor]
 
@@ -61,6 +61,33 @@ def _as_2d(y: Tensor, rows: int) -> Tensor:
         raise ValueError(f"fn must map (B, D) to (B, n) or (B,); got output {tuple(y.shape)} "
                          f"for {rows} input rows")
     return y
+
+
+class ShiftedFn:
+    """``fn`` with a fast path ``shifted(x, shifts) -> (B, K, n)`` for ``fn`` at every
+    ``x_b + s_k`` (e.g. :meth:`bpfree.pinn.SineMLP.forward_shifted`, which shares the rows'
+    common work). The FD and Stein backends evaluate through it when ``fn`` carries one."""
+
+    def __init__(self, fn: Fn, shifted: Callable[[Tensor, Tensor], Tensor]) -> None:
+        self.fn, self.shifted = fn, shifted
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+def _shifted_values(fn: Fn, x: Tensor, shifts: Tensor) -> Tensor:
+    """``fn`` at every ``x_b + s_k``: (B, K, n), by ``fn.shifted`` when it has one."""
+    b, k = x.shape[0], shifts.shape[0]
+    shifted = getattr(fn, "shifted", None)
+    if shifted is not None:
+        y = shifted(x, shifts)
+        y = y[..., None] if y.ndim == 2 else y
+        if y.ndim != 3 or tuple(y.shape[:2]) != (b, k):
+            raise ValueError(f"fn.shifted must map (B, D) points and (K, D) shifts to (B, K, n) "
+                             f"or (B, K); got {tuple(y.shape)} for B={b}, K={k}")
+        return y
+    pts = (x[:, None, :] + shifts[None]).reshape(-1, x.shape[1])
+    return _as_2d(fn(pts), pts.shape[0]).reshape(b, k, -1)
 
 
 def _positive(name: str, value) -> float:
@@ -145,13 +172,12 @@ class FiniteDifference(_Backend):
         b, d = x.shape
         eye = torch.eye(d, dtype=x.dtype, device=x.device) * self.h
         shifts = torch.cat([torch.zeros(1, d, dtype=x.dtype, device=x.device), eye, -eye])
-        pts = (x[:, None, :] + shifts[None]).reshape(-1, d)            # (B (2D+1), D)
-        y = _as_2d(fn(pts), pts.shape[0]).reshape(b, 2 * d + 1, -1)  # (B, 2D+1, n)
+        y = _shifted_values(fn, x, shifts)                             # (B, 2D+1, n)
         y0, yp, ym = y[:, :1], y[:, 1:d + 1], y[:, d + 1:]
         grad = ((yp - ym) / (2 * self.h)).transpose(1, 2)              # (B, n, D)
         second = ((yp + ym - 2 * y0) / self.h ** 2).transpose(1, 2)    # (B, n, D)
         lap = (second * self._mask(d, second, laplacian_dims)).sum(-1)
-        self.forward_evaluations += pts.shape[0]
+        self.forward_evaluations += b * shifts.shape[0]
         return grad, lap
 
 
@@ -172,13 +198,26 @@ class SteinMC(_Backend):
 
     The directions are drawn once (``seed``) and kept until :meth:`resample`, so every
     evaluation inside one ZO step sees the same noise (common random numbers).
+
+    ``compute_dtype`` (default: the points' dtype) is the dtype ``fn`` is evaluated in; the
+    estimate is combined in the points' dtype. ``fn`` must accept points of that dtype
+    (:class:`ShiftedFn` of :meth:`bpfree.pinn.SineMLP.forward_shifted` does, whatever its
+    weights' dtype). With equal positive weights 1/M the values' rounding averages out over
+    the M pairs, so float32 values leave the estimate's error to its own sampling noise
+    (measured by ``bench pinn-cost``'s rounding rows), unlike FD's and the sparse grid's.
     """
 
     name = "SE"
 
     def __init__(self, sigma: float = 0.1, num_samples: int = 1024, seed: int = 0,
-                 laplacian_dims: Sequence[int] | None = None) -> None:
+                 laplacian_dims: Sequence[int] | None = None,
+                 compute_dtype: torch.dtype | None = None) -> None:
         super().__init__(laplacian_dims)
+        if compute_dtype is not None and not (isinstance(compute_dtype, torch.dtype)
+                                              and compute_dtype.is_floating_point):
+            raise ValueError(f"compute_dtype must be a floating torch dtype or None, got "
+                             f"{compute_dtype!r}")
+        self.compute_dtype = compute_dtype
         self.sigma = _positive("sigma", sigma)
         if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) \
                 or num_samples < 1:
@@ -208,10 +247,10 @@ class SteinMC(_Backend):
         delta = (self._directions(d) * self.sigma).to(x.dtype)
         k = delta.shape[0]
         shifts = torch.cat([torch.zeros(1, d, dtype=x.dtype), delta, -delta]).to(x.device)
-        pts = (x[:, None, :] + shifts[None]).reshape(-1, d)
-        y = _as_2d(fn(pts), pts.shape[0]).reshape(b, 2 * k + 1, -1)
+        dtype = self.compute_dtype or x.dtype
+        y = _shifted_values(fn, x.to(dtype), shifts.to(dtype)).to(x.dtype)  # (B, 2M+1, n)
         w = torch.full((k,), 1.0 / k, dtype=x.dtype, device=x.device)
-        self.forward_evaluations += pts.shape[0]
+        self.forward_evaluations += b * shifts.shape[0]
         return _stein(y[:, :1], y[:, 1:k + 1], y[:, k + 1:], delta.to(x.device), w, self.sigma,
                       self._mask(d, x, laplacian_dims))
 
@@ -251,9 +290,8 @@ class SparseGridStein(_Backend):
         b, d = x.shape
         uniq, i0, ip, im, nodes, w = self._plan(d)
         u = uniq.to(x.dtype).to(x.device)
-        pts = (x[:, None, :] + u[None]).reshape(-1, d)
-        y = _as_2d(fn(pts), pts.shape[0]).reshape(b, u.shape[0], -1)
-        self.forward_evaluations += pts.shape[0]
+        y = _shifted_values(fn, x, u)                                 # (B, nodes, n)
+        self.forward_evaluations += b * u.shape[0]
         return _stein(y[:, i0:i0 + 1], y[:, ip], y[:, im], nodes.to(x), w.to(x), self.sigma,
                       self._mask(d, x, laplacian_dims))
 

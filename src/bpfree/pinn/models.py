@@ -45,6 +45,74 @@ class SineMLP(nn.Module):
         self.kind = kind
         #: TT layers switch to forming W from the cores at this many rows (large Stein batches).
         self.dense_rows = 2048
+        #: rows per chunk of :meth:`forward_shifted` without gradients (whole points)
+        self.shifted_rows = 2048
+
+    def forward_shifted(self, x: Tensor, shifts: Tensor) -> Tensor:
+        """``f(x_b + s_k)`` for every point ``x_b`` (B, D) and shift ``s_k`` (K, D): (B, K, n).
+
+        The same function as :meth:`forward` on the B·K rows ``x_b + s_k`` (to rounding), in
+        the dtype of ``x`` (the weights are cast to it, differentiably). It is what the Stein
+        and FD backends evaluate (Eq. 9 / 13: every node of every residual point), and it
+        shares the work the rows have in common:
+
+        * the first layer by the angle-addition identity: with ``a_b = W₁x_b + b₁`` and
+          ``c_k = W₁s_k``, ``sin(a_b + c_k) = sin a_b cos c_k + cos a_b sin c_k``, so the first
+          GEMM and the first sine run on B + K rows, and the B·K rows cost one multiply-add;
+        * without gradients, the other layers run on chunks of whole points (about
+          ``shifted_rows`` rows) into buffers reused across chunks: no fresh, page-faulting
+          allocation per layer, and a chunk's activations stay in cache.
+
+        Needs two layers or more, each with a dense (or densified) weight.
+        """
+        if x.ndim != 2 or shifts.ndim != 2 or x.shape[1] != self.in_features \
+                or shifts.shape[1] != self.in_features:
+            raise ValueError(f"points (B, {self.in_features}) and shifts (K, "
+                             f"{self.in_features}) expected, got {tuple(x.shape)} and "
+                             f"{tuple(shifts.shape)}")
+        if len(self.layers) < 2:
+            raise ValueError("forward_shifted needs a sine between two layers or more")
+        dtype = x.dtype
+        weights = [_dense_weight(layer).to(dtype) for layer in self.layers]
+        biases = [None if layer.bias is None else layer.bias.to(dtype) for layer in self.layers]
+        a = x @ weights[0].t()
+        if biases[0] is not None:
+            a = a + biases[0]
+        c = shifts.to(dtype) @ weights[0].t()
+        sin_a, cos_a, sin_c, cos_c = a.sin(), a.cos(), c.sin(), c.cos()
+        b, k = x.shape[0], shifts.shape[0]
+        per = max(1, self.shifted_rows // k)          # whole points per chunk
+        if torch.is_grad_enabled():
+            # chunks here too: autograd keeps every chunk's activations, but as pieces small
+            # enough for the allocator to reuse across steps (a whole (B·K, H) tensor is a
+            # fresh, page-faulting mapping each time)
+            outs = []
+            for i in range(0, b, per):
+                h = sin_a[i:i + per, None] * cos_c[None] + cos_a[i:i + per, None] * sin_c[None]
+                h = h.reshape(-1, h.shape[-1])
+                for j, (w, bias) in enumerate(zip(weights[1:], biases[1:])):
+                    h = nn.functional.linear(h if j == 0 else torch.sin(h), w, bias)
+                outs.append(h)
+            return torch.cat(outs).reshape(b, k, -1)
+        out = x.new_empty(b, k, weights[-1].shape[0])
+        rows = min(per, b) * k
+        buffers = [x.new_empty(rows, w.shape[0]) for w in weights[:-1]]
+        for i in range(0, b, per):
+            n = min(per, b - i)
+            s1 = buffers[0][:n * k].view(n, k, -1)
+            torch.mul(cos_c[None], sin_a[i:i + n, None], out=s1)
+            s1.addcmul_(sin_c[None], cos_a[i:i + n, None])
+            h = buffers[0][:n * k]
+            for j in range(1, len(weights)):
+                dest = out[i:i + n].view(n * k, -1) if j == len(weights) - 1 \
+                    else buffers[j][:n * k]
+                torch.mm(h, weights[j].t(), out=dest)
+                if biases[j] is not None:
+                    dest.add_(biases[j])
+                if j < len(weights) - 1:
+                    dest.sin_()
+                h = dest
+        return out
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
@@ -60,6 +128,18 @@ class SineMLP(nn.Module):
             if i < len(self.layers) - 1:
                 h = torch.sin(h)
         return h
+
+
+def _dense_weight(layer: nn.Module) -> Tensor:
+    """The ``(out, in)`` weight matrix of a dense, TT or sparse layer (formed when stored
+    otherwise; differentiable in the parameters)."""
+    if isinstance(layer, nn.Linear):
+        return layer.weight
+    if isinstance(layer, TTLinear):
+        return layer.dense_weight()
+    if isinstance(layer, SparseLinear):
+        return layer.weight()
+    raise TypeError(f"no dense weight for a {type(layer).__name__} layer")
 
 
 class SparseLinear(nn.Module):

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .derivatives import ShiftedFn
+from .models import SineMLP
+
 __all__ = ["PDEProblem", "HJB", "Poisson2D", "Collocation", "pinn_loss", "transformed", "Transformed",
            "validation_mse", "check_points", "check_model"]
 
@@ -167,6 +170,13 @@ class Transformed(nn.Module):
         out = self.base(z)
         return out[:, None] if out.ndim == 1 else out
 
+    def network_fn(self):
+        """:meth:`network` for the derivative backends: with the base network's shared-work
+        path (:meth:`bpfree.pinn.SineMLP.forward_shifted`) when it has one that applies."""
+        if isinstance(self.base, SineMLP) and len(self.base.layers) >= 2:
+            return ShiftedFn(self.network, self.base.forward_shifted)
+        return self.network
+
     def forward(self, z: Tensor) -> Tensor:
         return self.network(z) + self.known(z)
 
@@ -223,7 +233,7 @@ def pinn_loss(model: nn.Module, problem: PDEProblem, backend, batch: Collocation
     check_model(model, problem)
     x = check_points(batch.interior, problem.input_dim)
     if isinstance(model, Transformed) and model.exact_known_part:
-        grad, lap = backend(model.network, x, laplacian_dims=problem.laplacian_dims)
+        grad, lap = backend(model.network_fn(), x, laplacian_dims=problem.laplacian_dims)
         kg, kl = model.known_derivatives(x)
         grad, lap = grad + kg, lap + kl
     else:
