@@ -389,8 +389,8 @@ def test_qzoff_budget_notes_name_what_is_below_the_paper(qzoff):
     assert "3 seeds (paper 5 runs)" in quick["ood"]
     full = qzoff.paper_budget(qzoff._settings(False))
     assert {k: full[k] for k in ("fewshot", "ood")} == {"fewshot": "", "ood": ""}
-    # the ViT blocks train 100 steps on 2 corruptions even in the full run, and say so
-    assert "100 steps" in full["vit"] and "2 corruption(s)" in full["vit"]
+    # the ViT blocks train 300 steps on 2 corruptions even in the full run, and say so
+    assert "(300 steps;" in full["vit"] and "2 corruption(s)" in full["vit"]
     # a committed run from before the ViT blocks has no "vit" settings: no note
     cfg = qzoff._settings(False)
     del cfg["vit"]
