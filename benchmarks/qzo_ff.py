@@ -175,7 +175,7 @@ def _settings(quick: bool) -> dict:
                 ood_epochs=100, ood_train=9000, ood_batch=256, seeds=(0, 1, 2, 3, 4),
                 landscape_steps=31, alignment_draws=32,
                 # The ViT blocks run D-VPT's whole network every forward (6 per FF step): at
-                # the paper's 3,500 steps of batch 256 they would cost about 50 CPU hours,
+                # the paper's 3,500 steps of batch 256 they would cost about 90 CPU hours,
                 # so they train 300 steps of batch 100 (about 1.5 h more on 2 free cores,
                 # timed by CPU seconds per step at 50552a2; each 10 epochs more adds about
                 # 0.5 h) on
