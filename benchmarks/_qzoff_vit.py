@@ -37,8 +37,8 @@ from bpfree.models.vit import TinyViT
 from bpfree.qzoff import frozen_features, precision_bits
 from bpfree.training_modes import trainable_numel, trainable_parameters
 
-__all__ = ["BLOCKS", "HEAD3_HIDDEN", "PROMPT_TOKENS", "ViTFeatures", "block_model",
-           "pretrain_vit", "run_task", "three_layer_decoder", "vit_ood_task"]
+__all__ = ["BLOCKS", "HEAD3_HIDDEN", "MAX_WIDEN", "PROMPT_TOKENS", "ViTFeatures", "block_model",
+           "pretrain_vit", "run_task", "select_rate", "three_layer_decoder", "vit_ood_task"]
 
 #: Table 5's blocks, fewest trainable parameters first (650 / 2,410 / 2,698 here).
 BLOCKS = ("LP 1 LN", "LP 3 LN", "D-VPT")
@@ -129,6 +129,32 @@ def pretrain_vit(images: int = 10000, epochs: int = 2, head_epochs: int = 5, lr:
             "seconds": time.perf_counter() - t0}
 
 
+#: How many times :func:`select_rate` widens a grid past the edge its choice sits at.
+MAX_WIDEN = 2
+
+
+def select_rate(module, variant, ftr, ytr, grid, epochs, batch_size, seed, trainable=None
+                ) -> tuple[float, dict, bool]:
+    """The rate of ``grid`` with the best held-out accuracy
+    (:func:`_qzoff_experiment._select_lr`), widened at an edge: while the choice is the
+    grid's largest (smallest) rate, one rate further by the grid's end ratio is tried, up to
+    :data:`MAX_WIDEN` times (a grid of fewer than 3 rates is not widened). Returns the rate,
+    every tried rate's score, and whether the choice still sits at an edge."""
+    lr, scores = _select_lr(module, variant, ftr, ytr, grid, epochs, batch_size, seed,
+                            trainable=trainable)
+    rates = sorted(scores)
+    for _ in range(MAX_WIDEN):
+        if len(rates) < 3 or lr not in (rates[0], rates[-1]):
+            break
+        new = (rates[-1] ** 2 / rates[-2]) if lr == rates[-1] else (rates[0] ** 2 / rates[1])
+        new = float(f"{new:.3g}")  # 0.1, not 0.10000000000000002
+        scores.update(_select_lr(module, variant, ftr, ytr, (new,), epochs, batch_size, seed,
+                                 trainable=trainable)[1])
+        rates = sorted(scores)
+        lr = max(rates, key=lambda r: (scores[r], -r))
+    return lr, scores, len(rates) >= 3 and lr in (rates[0], rates[-1])
+
+
 def _loss_drop(epoch_loss: list[float]) -> float:
     """First epoch's mean training loss minus the last epoch's (each in the run's own
     arithmetic; the first epoch already trains, so this understates the fall)."""
@@ -145,10 +171,12 @@ def vit_ood_task(state: dict, head3: dict, corruption: str, severity: int, block
     :func:`_qzoff_experiment.ood_task`'s (``{"method": "bp" | "ff" | "zero-shot",
     "precision", **QZOFFConfig overrides, optional "lrs"}``). Each variant's rate is chosen
     from its ``"lrs"`` (default ``lrs``, one grid for every method) on a held-out fifth of the
-    ``n_train`` adaptation images; it then trains once per seed on all of them and is tested
-    on ``n_test`` corrupted test images. Returns ``{block: {label: {"accuracy": [per seed],
-    "loss_drop": [per seed], "lr", "lr_scores", "grid_edge", "forwards", "seconds"}}}`` and
-    ``"_meta"``; ``grid_edge`` says the chosen rate is the grid's smallest or largest."""
+    ``n_train`` adaptation images, the grid widened at an edge (:func:`select_rate`); it
+    then trains once per seed on all of them and is tested on ``n_test`` corrupted test
+    images. Returns ``{block: {label: {"accuracy": [per seed], "loss_drop": [per seed],
+    "lr", "lr_scores", "grid_edge", "widened", "forwards", "seconds"}}}`` and ``"_meta"``;
+    ``grid_edge`` says the chosen rate is still the smallest or largest tried, ``widened``
+    how many rates were added."""
     torch.set_num_threads(1)
     t_all = time.perf_counter()
     (xtr, ytr), (xte, yte) = ood_data(corruption, severity, n_train=n_train, n_test=n_test,
@@ -177,11 +205,11 @@ def vit_ood_task(state: dict, head3: dict, corruption: str, severity: int, block
                     res_block[label] = {"accuracy": [accuracy(module, fte, yte)], "seconds": 0.0}
                 continue
             grid = tuple(variant.get("lrs", lrs))
-            lr, scores = _select_lr(module, variant, ftr, ytr, grid, epochs, batch_size,
-                                    data_seed, trainable=names)
+            lr, scores, edge = select_rate(module, variant, ftr, ytr, grid, epochs,
+                                           batch_size, data_seed, trainable=names)
             res = {"accuracy": [], "loss_drop": [], "lr": lr,
                    "lr_scores": {str(k): v for k, v in scores.items()},
-                   "grid_edge": len(grid) >= 3 and lr in (min(grid), max(grid)),
+                   "grid_edge": edge, "widened": len(scores) - len(set(grid)),
                    "seeds": list(seeds)}
             for s in seeds:
                 cfg = None if variant["method"] == "bp" else _variant_config(variant, s)

@@ -177,8 +177,8 @@ def _settings(quick: bool) -> dict:
                 # The ViT blocks run D-VPT's whole network every forward (6 per FF step): at
                 # the paper's 3,500 steps of batch 256 they would cost about 90 CPU hours,
                 # so they train 300 steps of batch 100 (about 1.5 h more on 2 free cores,
-                # timed by CPU seconds per step at 50552a2; each 10 epochs more adds about
-                # 0.5 h) on
+                # timed by CPU seconds per step at 50552a2, 1.8 h if every rate search is
+                # widened twice; each 10 epochs more adds about 0.5 h) on
                 # two corruptions (a noise, and the contrast collapse), and say so in their
                 # claims.
                 vit=dict(images=60000, epochs=3, lr=3e-3, head_epochs=5,
@@ -905,6 +905,8 @@ def vit_rows(row, cfg: dict, pre_vit: dict, results: dict) -> None:
                     if "lr" in v:
                         row(table, label, cell, "chosen rate", v["lr"])
                         row(table, label, cell, "rate at the grid's edge", v["grid_edge"])
+                        row(table, label, cell, "rates added past the grid's edge",
+                            v.get("widened", 0))
     cell = results[("vit", *ENH_CELL)]
     for block in ENH_BLOCKS:
         setting = f"{block}, hard Gaussian noise (severity 5)"
@@ -920,6 +922,7 @@ def vit_rows(row, cfg: dict, pre_vit: dict, results: dict) -> None:
                     statistics.stdev(v["loss_drop"]))
             row(T_ENH, label, setting, "chosen rate", v["lr"])
             row(T_ENH, label, setting, "rate at the grid's edge", v["grid_edge"])
+            row(T_ENH, label, setting, "rates added past the grid's edge", v.get("widened", 0))
             row(T_ENH, label, setting, "forward passes (per sample)", v["forwards"])
 
 
@@ -1293,7 +1296,7 @@ def run(quick: bool):
         + ", ".join(f"{b} {n:,}" for b, n in pre_vit["trainable"].items())
         + f". Adaptation: {cfg['vit']['n_train']} corrupted training images (rates chosen on "
         f"a held-out fifth from {{3e-4, 1e-3, 3e-3, 1e-2}}, the CNN block's grid, for every "
-        f"row), {cfg['vit']['adapt_epochs']} epochs at batch {cfg['vit']['batch']}, tested "
+        f"row, widened by the grid's ratio up to 2 rates past an edge the choice sits at), {cfg['vit']['adapt_epochs']} epochs at batch {cfg['vit']['batch']}, tested "
         f"on {cfg['vit']['n_test']} corrupted test images; corruptions "
         f"{list(cfg['vit']['corruptions'])}; LP blocks on cached features, D-VPT runs the "
         "whole ViT (in 16w8a its activations are fake-quantized to 8 bits, its prompts and "

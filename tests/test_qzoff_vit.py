@@ -82,9 +82,15 @@ def test_vit_task_chooses_each_rate_on_one_grid_and_reports_the_loss_fall():
     assert len(lp["Zero-shot"]["accuracy"]) == 1
     for label in ("BP", "FF"):
         v = lp[label]
-        assert v["lr"] in (1e-3, 1e-2, 1e-1) and set(v["lr_scores"]) == {"0.001", "0.01", "0.1"}
+        tried = sorted(float(r) for r in v["lr_scores"])
+        assert {1e-3, 1e-2, 1e-1} <= set(tried) and len(tried) == 3 + v["widened"]
+        assert v["widened"] <= 2
+        # a widened grid goes on by the grid's ratio (10 here) past the edge it left
+        assert all(b / a == pytest.approx(10) for a, b in zip(tried, tried[1:]))
+        if v["widened"] == 0:                          # the choice was inside the grid
+            assert v["lr"] == 1e-2
         assert v["lr_scores"][str(v["lr"])] == max(v["lr_scores"].values())
-        assert v["grid_edge"] == (v["lr"] in (1e-3, 1e-1))
+        assert v["grid_edge"] == (v["lr"] in (tried[0], tried[-1]))
         assert len(v["accuracy"]) == len(v["loss_drop"]) == 2
         assert v["loss_drop"][0] == pytest.approx(v["first_epoch_loss"] - v["last_epoch_loss"])
     assert lp["FF"]["forwards"] == 2 * 2 * 6 * 50       # 2 epochs x 2 steps x 2m x batch
