@@ -104,6 +104,30 @@ def build_backbone(num_classes: int = 10, state: dict | None = None) -> nn.Seque
     return model.eval()
 
 
+def bp_pretrain_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
+                     lr: float, batch_size: int, seed: int) -> nn.Module:
+    """The factory's BP training of ``model`` in place (every parameter with
+    ``requires_grad``): AdamW (0.9, 0.95, weight decay 0.01), 20 warm-up steps, then cosine
+    decay, shuffled batches from ``seed``; returns the model in eval mode."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    total = epochs * math.ceil(len(y) / batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / total)))
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(y), generator=g)
+        for lo in range(0, len(y), batch_size):
+            idx = perm[lo:lo + batch_size]
+            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    return model.eval()
+
+
 def pretrain(kind: str = "mnist", classes=None, images: int = 10000, epochs: int = 2,
              lr: float = 2e-3, batch_size: int = 128, seed: int = 0, threads: int = 1) -> dict:
     """BP pretraining of the backbone ("in the factory") on the first ``images`` training
@@ -119,22 +143,7 @@ def pretrain(kind: str = "mnist", classes=None, images: int = 10000, epochs: int
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = build_backbone(len(classes))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    total = epochs * math.ceil(len(y) / batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / total)))
-    g = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(epochs):
-        perm = torch.randperm(len(y), generator=g)
-        for lo in range(0, len(y), batch_size):
-            idx = perm[lo:lo + batch_size]
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-    model.eval()
+    bp_pretrain_loop(model, x, y, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
     xt, yt = load_images(kind, "test", classes, 2000)
     test_acc = accuracy(model, xt, remap[yt], batch_size=len(yt))
     return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -172,16 +181,20 @@ def BPAdamW(model: nn.Module, betas=(0.9, 0.95), weight_decay: float = 0.0) -> B
 
 def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *,
                epochs: int, batch_size: int, lr: float, seed: int = 0,
-               config: QZOFFConfig | None = None, recorder=None) -> dict:
+               config: QZOFFConfig | None = None, recorder=None,
+               trainable: list[str] | None = None) -> dict:
     """Train a (copy of a) decoder on features: ``method`` ``"bp"`` (:class:`BPAdamW`) or
     ``"ff"`` (:class:`QZOFF` with ``config``). Cosine schedule, shuffled batches from
-    ``seed`` (:func:`bpfree.harness.fit`). Returns ``{"model", "loss", "forwards",
-    "seconds", "recorder"}`` (+ ``"eps_underflow"`` warnings for FF). ``recorder``: a callable
-    ``recorder(trained_copy) -> TrajectoryRecorder`` (the copy does not exist before the
-    call); the recorder stores the start and every step."""
+    ``seed`` (:func:`bpfree.harness.fit`). Returns ``{"model", "loss", "epoch_loss",
+    "forwards", "seconds", "recorder"}`` (+ ``"eps_underflow"`` warnings for FF).
+    ``recorder``: a callable ``recorder(trained_copy) -> TrajectoryRecorder`` (the copy does
+    not exist before the call); the recorder stores the start and every step. ``trainable``:
+    the parameter names that train (default all; D-VPT passes the prompts and the head of a
+    whole model, :func:`bpfree.training_modes.trainable_parameters`)."""
     model = copy.deepcopy(head)
-    for p in model.parameters():
-        p.requires_grad_(True)
+    keep = None if trainable is None else set(trainable)
+    for n, p in model.named_parameters():
+        p.requires_grad_(keep is None or n in keep)
     if method == "bp":
         runner = BPAdamW(model)
     elif method == "ff":
@@ -206,8 +219,8 @@ def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *
                seed=seed)
     for p in model.parameters():
         p.requires_grad_(False)
-    out = {"model": model, "loss": hist.loss, "forwards": hist.forwards[-1],
-           "seconds": hist.seconds, "recorder": rec}
+    out = {"model": model, "loss": hist.loss, "epoch_loss": hist.epoch_loss,
+           "forwards": hist.forwards[-1], "seconds": hist.seconds, "recorder": rec}
     if method == "ff":
         out["eps_underflow"] = underflow
     return out
@@ -452,8 +465,10 @@ def _variant_config(variant: dict, seed: int) -> QZOFFConfig:
     return ff_config(variant.get("precision", "fp32"), seed=seed, **kw)
 
 
-def _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size, seed) -> tuple[float, dict]:
-    """The rate of ``lrs`` with the best accuracy on a held-out fifth of the training set."""
+def _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size, seed,
+               trainable=None) -> tuple[float, dict]:
+    """The rate of ``lrs`` with the best accuracy on a held-out fifth of the training set
+    (ties to the smaller rate)."""
     n = len(ytr)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7))
     cut = n // 5
@@ -462,7 +477,8 @@ def _select_lr(head, variant, ftr, ytr, lrs, epochs, batch_size, seed) -> tuple[
     for lr in lrs:
         cfg = None if variant["method"] == "bp" else _variant_config(variant, seed)
         out = train_head(head, variant["method"], ftr[tr], ytr[tr], epochs=epochs,
-                         batch_size=batch_size, lr=lr, seed=seed, config=cfg)
+                         batch_size=batch_size, lr=lr, seed=seed, config=cfg,
+                         trainable=trainable)
         scores[lr] = accuracy(out["model"], ftr[val], ytr[val])
     best = max(lrs, key=lambda r: (scores[r], -r))
     return best, scores

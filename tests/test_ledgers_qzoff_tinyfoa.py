@@ -240,16 +240,99 @@ _QZ_UNDECIDED = {"qzoff-t5-ff-near-bp", "qzoff-t5-sparse-matches-dense",
                  "qzoff-t5-quant-matches-fp", "qzoff-fig2-16w8a-near-bp"}
 
 
-#: Table 5's LP 3 LN and D-VPT blocks and Table 4's audio tasks: no rows, "not measured".
-_QZ_ABSENT = {"qzoff-t5-lp3ln-ff-near-bp", "qzoff-t5-dvpt-ff-near-bp",
-              "qzoff-t5-more-params-better", "qzoff-t4-audio"}
+#: The ViT blocks (Table 5's LP 3 LN / D-VPT, "more parameters", Fig. 2's enhancements and
+#: their sanity) in a run without their rows, and Table 4's audio tasks: "not measured".
+_QZ_VIT = {"qzoff-t5-lp3ln-ff-near-bp", "qzoff-t5-lp3ln-quant-matches-fp",
+           "qzoff-t5-dvpt-ff-near-bp", "qzoff-t5-dvpt-quant-matches-fp",
+           "qzoff-t5-vit-ff-beats-zero-shot", "qzoff-t5-more-params-better",
+           "qzoff-fig2-enhanced-closest-to-bp", "qzoff-sanity-vit-lp1ln",
+           "qzoff-sanity-vit-lp3ln", "qzoff-sanity-vit-dvpt", "qzoff-sanity-vit-enhancements"}
+_QZ_ABSENT = _QZ_VIT | {"qzoff-t4-audio"}
 
 
 def test_qzoff_ledger_holds_on_paper_like_numbers(qzoff):
     verdicts = _qz_ledger(qzoff, _qzoff_rows(qzoff))
     assert {k for k, v in verdicts.items() if v is not True} == _QZ_UNDECIDED | _QZ_ABSENT
     assert {verdicts[k] for k in _QZ_ABSENT} == {None}
-    assert len(verdicts) == 13 + 3 + 4      # + the BP baselines' sanity, the blocks not run
+    assert len(verdicts) == 13 + 3 + 12     # + the BP baselines' sanity, the ViT blocks, audio
+
+
+def _vit_rows(mod) -> list[dict]:
+    """ViT rows shaped like the paper's Table 5: BP and zero-shot the paper's, FF half the
+    paper's BP - FF gap below BP, 16w8a 0.2 below FF, seed std 0.2, losses falling 0.5 ±
+    0.1; the enhancements at hard Gaussian noise BP 90 > both 88 > FF + one 86 > FF 85."""
+    rows = []
+
+    def add(table, method, setting, metric, value):
+        rows.append(dict(table=table, method=method, setting=setting, metric=metric,
+                         value=float(value), paper=None))
+
+    for block, table in mod.T_VIT.items():
+        add(table, block, "mnist-vit", "trainable parameters", 1000)
+        paper = mod.PAPER_T5_VIT[block]
+        for i, (level, sev) in enumerate(mod.SEVERITIES.items()):
+            setting = f"{level} (severity {sev}), mean of 2 corruptions"
+            bp, zero = paper["BP"][0][i], paper["Zero-shot"][0][i]
+            ff = bp - mod.PAPER_GAPS[block][i] / 2
+            add(table, "Zero-shot", setting, "accuracy (%)", zero)
+            for label, acc in (("BP", bp), ("FF", ff), ("FF, Quant (16w8a)", ff - 0.2)):
+                add(table, label, setting, "accuracy (%)", acc)
+                add(table, label, setting, "std over seeds", 0.2)
+                add(table, label, setting, "training-loss fall (first - last epoch)", 0.5)
+                add(table, label, setting, "std of the loss fall over seeds", 0.1)
+    for block in mod.ENH_BLOCKS:
+        setting = f"{block}, hard Gaussian noise (severity 5)"
+        for label, acc in (("BP", 90), ("FF", 85), ("FF + sharpness-aware", 86),
+                           ("FF + kernel-wise norm", 86),
+                           ("FF + sharpness-aware + kernel-wise norm", 88)):
+            add(mod.T_ENH, label, setting, "accuracy (%)", acc)
+            add(mod.T_ENH, label, setting, "std over seeds", 0.5)
+            add(mod.T_ENH, label, setting, "training-loss fall (first - last epoch)", 0.5)
+            add(mod.T_ENH, label, setting, "std of the loss fall over seeds", 0.1)
+    return rows
+
+
+def test_qzoff_vit_ledger_holds_on_paper_like_numbers(qzoff):
+    verdicts = _qz_ledger(qzoff, _qzoff_rows(qzoff) + _vit_rows(qzoff))
+    assert {k for k in _QZ_VIT if verdicts[k] is not True} == set()
+    assert verdicts["qzoff-t4-audio"] is None
+
+
+@pytest.mark.parametrize("edit, failing", [
+    # D-VPT's FF collapses at hard: 8.3 points below BP (bound 6.16), 11.3 below its 16w8a,
+    # and below LP 3 LN's FF (71.27)
+    ((lambda m: m.T_VIT["D-VPT"], "FF", "hard (severity 5), mean of 2 corruptions", 70.0,
+      "accuracy (%)"), {"qzoff-t5-dvpt-ff-near-bp", "qzoff-t5-dvpt-quant-matches-fp",
+                        "qzoff-t5-more-params-better"}),
+    # LP 3 LN's 16w8a 2 points below its FF at medium
+    ((lambda m: m.T_VIT["LP 3 LN"], "FF, Quant (16w8a)",
+      "medium (severity 3), mean of 2 corruptions", 78.37, "accuracy (%)"),
+     {"qzoff-t5-lp3ln-quant-matches-fp"}),
+    # LP 1 LN's FF at zero-shot: the beats-zero-shot claim fails (LP 1 LN < LP 3 LN at easy
+    # stays decided: LP 3 LN's FF adapted)
+    ((lambda m: m.T_VIT["LP 1 LN"], "FF", "easy (severity 1), mean of 2 corruptions", 82.48,
+      "accuracy (%)"), {"qzoff-t5-vit-ff-beats-zero-shot"}),
+    # LP 3 LN's BP at zero-shot at medium (FF 2.4 points above it, inside the paper's gap):
+    # "FF near BP" compares with a BP that did not adapt, so it reads "not decided", not
+    # "holds"; and BP's sanity fails
+    ((lambda m: m.T_VIT["LP 3 LN"], "BP", "medium (severity 3), mean of 2 corruptions", 77.77,
+      "accuracy (%)"), {"qzoff-t5-lp3ln-ff-near-bp", "qzoff-sanity-vit-lp3ln"}),
+    ((lambda m: m.T_ENH, "FF + sharpness-aware + kernel-wise norm",
+      "D-VPT, hard Gaussian noise (severity 5)", 85.0, "accuracy (%)"),
+     {"qzoff-fig2-enhanced-closest-to-bp"}),
+    # BP's loss rises on LP 3 LN: its sanity fails
+    ((lambda m: m.T_VIT["LP 3 LN"], "BP", "easy (severity 1), mean of 2 corruptions", -0.3,
+      "training-loss fall (first - last epoch)"), {"qzoff-sanity-vit-lp3ln"}),
+    ((lambda m: m.T_ENH, "FF + kernel-wise norm", "LP 1 LN, hard Gaussian noise (severity 5)",
+      0.01, "training-loss fall (first - last epoch)"), {"qzoff-sanity-vit-enhancements"}),
+])
+def test_qzoff_vit_rule_fails_where_its_claim_fails(qzoff, edit, failing):
+    table, method, setting, value, metric = edit
+    base_rows = _qzoff_rows(qzoff) + _vit_rows(qzoff)
+    rows = _set(base_rows, table(qzoff), method, setting, value, metric=metric)
+    verdicts, base = _qz_ledger(qzoff, rows), _qz_ledger(qzoff, base_rows)
+    assert {k for k in verdicts if verdicts[k] != base[k]} == failing
+    assert all(verdicts[k] is not True for k in failing)
 
 
 @pytest.mark.parametrize("edit, failing", [
@@ -305,7 +388,13 @@ def test_qzoff_budget_notes_name_what_is_below_the_paper(qzoff):
     assert quick["fewshot"].startswith("Below the paper's budget") and "200" in quick["fewshot"]
     assert "3 seeds (paper 5 runs)" in quick["ood"]
     full = qzoff.paper_budget(qzoff._settings(False))
-    assert full == {"fewshot": "", "ood": ""}
+    assert {k: full[k] for k in ("fewshot", "ood")} == {"fewshot": "", "ood": ""}
+    # the ViT blocks train 300 steps on 2 corruptions even in the full run, and say so
+    assert "(300 steps;" in full["vit"] and "2 corruption(s)" in full["vit"]
+    # a committed run from before the ViT blocks has no "vit" settings: no note
+    cfg = qzoff._settings(False)
+    del cfg["vit"]
+    assert qzoff.paper_budget(cfg)["vit"] == ""
 
 
 def test_qzoff_estimate_alignment_grows_with_m_like_sqrt_m():
