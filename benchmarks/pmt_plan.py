@@ -26,7 +26,7 @@ TABLE = "Projected cost of the full PMT runs (paper's budget), from timed steps"
 
 def run(quick: bool):
     import pmt
-    import pmt_step_cost
+    import _pmt_step_cost as pmt_step_cost
     from _pmt_experiment import blocks_of
 
     from bpfree.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP

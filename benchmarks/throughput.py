@@ -12,7 +12,7 @@ work each method needs at batch 64 (Q+1 full forwards for weight perturbation, 2
 MeZO loop, prefix once plus Q+1 suffixes per layer for node perturbation on a Sequential),
 divided by the step's wall time, next to the machine's measured fp32 GEMM rate.
 
-The PMT step rows (``pmt_step_cost``) time one step of PMT's Algorithm 1 on the MNIST
+The PMT step rows (``_pmt_step_cost``) time one step of PMT's Algorithm 1 on the MNIST
 MobileNet (blocks 1 and 4, the whole model; Q = 50, batch 100) and MCUNet-in1 block 3 (Q = 50,
 batch 1) on the fast integer engine and on the reference layers, alternately in this process,
 with the step's MACs as fractions of the fp32 GEMM and ``torch._int_mm`` rates.
@@ -30,7 +30,7 @@ from bpfree.objective import Objective
 from bpfree.optim import ZOOptimizer
 from bpfree.perturb import get_distribution
 
-import pmt_step_cost
+import _pmt_step_cost as pmt_step_cost
 
 NAME = "throughput"
 DESCRIPTION = __doc__.split("\n\n")[0]

@@ -70,6 +70,13 @@ def test_repo_benchmarks_folder_lists_smoke():
     assert "self-test" in names["smoke"].description.lower()
 
 
+def test_every_module_of_the_repo_benchmarks_folder_loads():
+    """`bpfree bench --list` on the repository shows no error line: a helper module that is
+    not a benchmark starts with '_' (the loader skips it)."""
+    broken = {info.name: info.summary for info in runner.discover() if info.error is not None}
+    assert broken == {}
+
+
 def test_broken_module_does_not_hide_the_others(bench_dir):
     registry = {info.name: info for info in runner.discover(bench_dir)}
     assert set(registry) == {"good", "broken", "badrows"}  # _helper.py skipped
