@@ -32,6 +32,7 @@ from torch import nn
 from _qzoff_experiment import (_select_lr, _variant_config, bp_pretrain_loop, load_images,
                                ood_data, train_head)
 from bpfree.bench.parallel import run_named_task
+from bpfree.bench.rate_grid import rate_past_edge
 from bpfree.harness import accuracy
 from bpfree.models.vit import TinyViT
 from bpfree.qzoff import frozen_features, precision_bits
@@ -142,17 +143,14 @@ def select_rate(module, variant, ftr, ytr, grid, epochs, batch_size, seed, train
     every tried rate's score, and whether the choice still sits at an edge."""
     lr, scores = _select_lr(module, variant, ftr, ytr, grid, epochs, batch_size, seed,
                             trainable=trainable)
-    rates = sorted(scores)
     for _ in range(MAX_WIDEN):
-        if len(rates) < 3 or lr not in (rates[0], rates[-1]):
+        new = rate_past_edge(scores, lr, min_rates=3, digits=3)
+        if new is None:
             break
-        new = (rates[-1] ** 2 / rates[-2]) if lr == rates[-1] else (rates[0] ** 2 / rates[1])
-        new = float(f"{new:.3g}")  # 0.1, not 0.10000000000000002
         scores.update(_select_lr(module, variant, ftr, ytr, (new,), epochs, batch_size, seed,
                                  trainable=trainable)[1])
-        rates = sorted(scores)
-        lr = max(rates, key=lambda r: (scores[r], -r))
-    return lr, scores, len(rates) >= 3 and lr in (rates[0], rates[-1])
+        lr = max(sorted(scores), key=lambda r: (scores[r], -r))
+    return lr, scores, rate_past_edge(scores, lr, min_rates=3) is not None
 
 
 def _loss_drop(epoch_loss: list[float]) -> float:

@@ -27,6 +27,7 @@ import torch
 
 from bpfree.bench.claims import all_hold, claim, mean_se, order, sanity_claim, tolerance
 from bpfree.bench.parallel import default_workers, pool_device, run_keyed
+from bpfree.bench.rate_grid import rate_past_edge
 from bpfree.bench.runner import load_module
 from bpfree.bench.task_cache import from_environment as task_cache
 
@@ -84,11 +85,7 @@ def widened(grid, chosen: float) -> float | None:
     """The rate one grid step past the edge ``chosen`` sits on (the ratio of the two rates at
     that edge), or None when ``chosen`` is inside the grid or the grid has fewer than three
     rates (an edge of two rates says nothing)."""
-    grid = sorted(grid)
-    if len(grid) < 3 or chosen not in (grid[0], grid[-1]):
-        return None
-    rate = grid[0] ** 2 / grid[1] if chosen == grid[0] else grid[-1] ** 2 / grid[-2]
-    return float(f"{rate:.6g}")
+    return rate_past_edge(grid, chosen, min_rates=3, digits=6)
 
 
 def choose_rate(runs: dict[float, list[dict]]) -> float:

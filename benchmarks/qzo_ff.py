@@ -30,6 +30,7 @@ from bpfree.bench.claims import (UNDECIDED, all_hold, claim, exceeds, order, se_
                                  tolerance, within)
 from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import default_workers, spawn_pool
+from bpfree.bench.rate_grid import rate_past_edge
 
 NAME = "qzo-ff"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -275,10 +276,10 @@ def rate_beyond_edge(scores: dict[float, float], chosen: float) -> float | None:
     grid = sorted(scores)
     if len(grid) < 2 or chosen not in (grid[0], grid[-1]):
         return None
-    edge, inner = (grid[0], grid[1]) if chosen == grid[0] else (grid[-1], grid[-2])
-    if scores[edge] <= scores[inner]:
+    inner = grid[1] if chosen == grid[0] else grid[-2]
+    if scores[chosen] <= scores[inner]:
         return None
-    return edge * edge / inner
+    return rate_past_edge(grid, chosen, min_rates=2)
 
 
 def merge_validation(first: dict, more: dict) -> dict:
