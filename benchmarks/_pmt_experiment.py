@@ -201,17 +201,19 @@ def merge(parts: list[dict]) -> dict:
     return out
 
 
-def merge_grid(results: dict, is_sweep_part) -> dict:
+def merge_grid(results: dict, is_sweep_part, grid_size: int | None = None) -> dict:
     """Join the per-rate tasks of every sweep (keys ``(..., grid index)`` for which
     ``is_sweep_part(key)`` holds) into one result keyed without the index (:func:`merge`);
-    every other result is kept as it is."""
+    every other result is kept as it is. ``grid_size``: a sweep with fewer finished rates is
+    left out (a partial report must not choose a rate from part of its grid)."""
     out, sweeps = {}, {}
     for key, value in results.items():
         if is_sweep_part(key):
             sweeps.setdefault(key[:-1], []).append(value)
         else:
             out[key] = value
-    out.update({key: merge(parts) for key, parts in sweeps.items()})
+    out.update({key: merge(parts) for key, parts in sweeps.items()
+                if grid_size is None or len(parts) >= grid_size})
     return out
 
 

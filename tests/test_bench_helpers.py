@@ -254,6 +254,60 @@ def test_the_task_cache_needs_a_clean_committed_checkout(tmp_path, monkeypatch):
         task_cache.from_environment(repo)
 
 
+def test_a_report_only_cache_reads_another_revisions_run_and_trains_nothing(tmp_path,
+                                                                           monkeypatch):
+    """$BPFREE_TASK_CACHE_REPORT=REV: the results REV's run stored, read by a newer commit;
+    unfinished tasks are left out (partial=True) or refused, and nothing is written."""
+    import subprocess
+
+    from bpfree.bench import task_cache
+    from bpfree.bench.task_cache import PartialRunError, TaskCache
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    for text in ("x = 1\n", "x = 2\n"):
+        (repo / "code.py").write_text(text)
+        subprocess.run(git + ["add", "code.py"], check=True)
+        subprocess.run(git + ["commit", "-qm", text], check=True)
+    old = subprocess.run(git + ["rev-parse", "--short", "HEAD~1"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    folder = tmp_path / "cache"
+    calls = []
+
+    def train(task):
+        calls.append(task)
+        return len(task)
+
+    run_keyed(train, {"a": "x"}, workers=1, cache=TaskCache(folder, salt=old))  # the old run
+    monkeypatch.setenv(task_cache.ENV, str(folder))
+    monkeypatch.setenv(task_cache.REPORT_ENV, "HEAD~1")
+    report = task_cache.from_environment(repo)
+    assert report.report_only and report.salt == old
+    calls.clear()
+    before = sorted(p.name for p in folder.iterdir())
+    assert run_keyed(train, {"a": "x", "b": "yy"}, workers=2, cache=report,
+                     partial=True) == {"a": 1}
+    assert calls == [] and report.hits == 1 and report.missing == 1
+    assert sorted(p.name for p in folder.iterdir()) == before
+    with pytest.raises(PartialRunError, match="1 of 2 tasks of phase one have not finished"):
+        run_keyed(train, {"a": "x", "b": "yy"}, workers=1, cache=report, progress="phase one")
+    assert calls == []
+    # a revision that is not a commit, a missing folder, or no cache at all: clear errors
+    monkeypatch.setenv(task_cache.REPORT_ENV, "no-such-rev")
+    with pytest.raises(ValueError, match="not a commit of this repository"):
+        task_cache.from_environment(repo)
+    monkeypatch.setenv(task_cache.REPORT_ENV, "HEAD~1")
+    monkeypatch.setenv(task_cache.ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="does not exist; nothing to report"):
+        task_cache.from_environment(repo)
+    assert not (tmp_path / "nowhere").exists()
+    monkeypatch.delenv(task_cache.ENV)
+    with pytest.raises(ValueError, match="name the cache folder"):
+        task_cache.from_environment(repo)
+
+
 def test_memoized_runs_a_task_once_per_revision(tmp_path):
     from bpfree.bench.task_cache import TaskCache, memoized
 

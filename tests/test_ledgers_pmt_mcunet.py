@@ -207,3 +207,99 @@ def test_pmt_q_budget_is_comparable_only_within_the_seed_noise():
 
     assert verdict({"2": [88.0, 90.0, 89.0], "32": [89.5, 88.5, 90.5]}) is True
     assert verdict({"2": [88.0, 88.2, 88.1], "32": [90.0, 90.1, 90.2]}) is False
+
+
+def _without(document: dict, method_label: str, setting: str | None = None) -> dict:
+    """``document`` as a partial report before ``method_label``'s runs (or one column) ended."""
+    doc = copy.deepcopy(document)
+    doc["rows"] = [r for r in doc["rows"] if not (
+        r["method"] == method_label and (setting is None or r["setting"] == setting
+                                         or r["setting"].startswith("mean of")))]
+    doc["extra"]["partial"] = {"reason": "the full run is in progress: 2 of 3 runs"}
+    return doc
+
+
+def test_pmt_partial_report_leaves_claims_with_unfinished_rows_not_measured(pmt):
+    """A partial report (bench pmt under $BPFREE_TASK_CACHE_REPORT) decides a claim only on
+    every column it needs: one unfinished column makes its claims "not measured", with the
+    report's reason, and leaves every other verdict as the complete file has it."""
+    doc = _document("pmt.json")
+    complete = _verdicts(pmt.ledger_from_result(doc))
+    sparse_bp = pmt.LABELS["int8-sparse-bp"]
+    claims = {c["id"]: c for c in pmt.ledger_from_result(_without(doc, sparse_bp,
+                                                                  "impulse noise"))}
+    for cid in ("bpfree-beats-mcutrain-noise", "bpfree-best-int8-noise"):
+        assert claims[cid]["holds"] is None and claims[cid]["ours"] is None
+        assert claims[cid]["note"] == "not measured: the full run is in progress: 2 of 3 runs"
+        assert claims[cid]["paper"]  # the paper's side is shown all the same
+    for cid, verdict in complete.items():
+        if cid not in ("bpfree-beats-mcutrain-noise", "bpfree-best-int8-noise"):
+            assert claims[cid]["holds"] == verdict, cid
+    # A fixed block with no finished group is missing, not left out of Table 4's comparison.
+    no_block = _without(doc, "fixed block 2")
+    assert _verdicts(pmt.ledger_from_result(no_block))["adaptive-block-selection"] is None
+    # MeZO unfinished: only Table 5's MeZO claim waits.
+    no_mezo = _verdicts(pmt.ledger_from_result(_without(doc, pmt.LABELS["mezo"])))
+    assert no_mezo["pmt-beats-mezo"] is None
+    assert no_mezo["pmt-beats-deepzero"] == complete["pmt-beats-deepzero"]
+
+
+def test_pmt_ledger_of_nothing_but_the_calibration_measures_only_the_regime(pmt):
+    """Every claim's guard, at once: with no training run finished, only the two claims on
+    the calibrated set-up are decided."""
+    from types import SimpleNamespace
+
+    doc = _document("pmt.json")
+    acc = {m: {} for m in pmt.LABELS}
+    for r in doc["rows"]:
+        if r["table"] == pmt.TABLE_ACC and r["method"] == pmt.LABELS["no-adaptation"] \
+                and r["setting"].replace(" ", "_") in pmt.CORRUPTIONS:
+            acc["no-adaptation"][r["setting"].replace(" ", "_")] = r["value"]
+    P = SimpleNamespace(**doc["extra"]["protocol"])
+    claims = pmt.ledger(acc, {f"block {k}": {} for k in range(1, 5)} | {"adaptive": {}}, {},
+                        {}, {}, doc["extra"]["calibration"], P, False, pending="nothing yet")
+    measured = {c["id"] for c in claims if c["holds"] is not None}
+    assert measured == {"pmt-regime", "pmt-regime-speckle"}
+    assert len(claims) == len(pmt.ledger_from_result(doc))
+    assert all(c["note"] == "not measured: nothing yet" for c in claims
+               if c["id"] not in measured)
+
+
+def test_pmt_partial_summary_projects_the_unfinished_runs_at_the_measured_pace(pmt):
+    plan = {"per_step_seconds": {"PMT block 1": 2.0, "FP32 BP": 0.5},
+            "steps": {"PMT block 1": 400, "FP32 BP": 80}}
+    tasks = [("pmt", "fog", 1, 0), ("pmt", "fog", 1, 1), ("bp", "fog", "fp32-bp", 0),
+             ("bp", "fog", "fp32-bp", 1), ("cosine", 0)]
+    assert pmt.plan_task_seconds(tasks, plan) == {
+        tasks[0]: 400.0, tasks[1]: 400.0, tasks[2]: 20.0, tasks[3]: 20.0, tasks[4]: 0.0}
+    # The finished PMT run took twice its plan: the rest is projected at that pace.
+    finished = {tasks[0]: {"task_seconds": 800.0}, tasks[4]: {"task_seconds": 1.0}}
+    out = pmt.partial_summary(tasks, finished, 2, plan, "abc1234")
+    assert out["finished"] == 2 and out["tasks"] == 5
+    assert out["families"]["PMT block 1"] == {"finished": 1, "tasks": 2}
+    assert out["families"]["cosine"] == {"finished": 1, "tasks": 1}
+    assert out["projection"]["measured_over_plan"] == pytest.approx(2.0)
+    assert out["projection"]["plan_wall_hours_left"] == pytest.approx(440 / 2 / 3600)
+    assert out["projection"]["wall_hours_left"] == pytest.approx(880 / 2 / 3600)
+    assert "2 of 5 training runs" in out["reason"] and "abc1234" in out["reason"]
+    done = pmt.partial_summary(tasks[:1], finished, 2, None, "abc1234")
+    assert done["reason"] is None and done["projection"] is None
+
+
+def test_pmt_partial_report_chooses_no_rate_from_part_of_a_grid():
+    import sys
+
+    sys.path.insert(0, str(RESULTS.parent / "benchmarks"))
+    from _pmt_experiment import merge_grid
+
+    def part(lr, acc):
+        return {"lr": lr, "validation_accuracy": acc, "accuracy": acc, "grid_index": 0}
+
+    results = {("pmt", "fog", 1, 0): part(0.1, 50.0), ("pmt", "fog", 1, 1): part(0.3, 60.0),
+               ("pmt", "fog", 2, 0): part(0.1, 70.0), ("select", "fog"): {"chosen": 1}}
+    is_part = lambda key: key[0] == "pmt"  # noqa: E731
+    merged = merge_grid(results, is_part, grid_size=2)
+    assert set(merged) == {("pmt", "fog", 1), ("select", "fog")}
+    assert merged[("pmt", "fog", 1)]["chosen"] == 0.3
+    assert set(merge_grid(results, is_part)) == {("pmt", "fog", 1), ("pmt", "fog", 2),
+                                                 ("select", "fog")}

@@ -90,3 +90,29 @@ def test_a_planted_epoch_snapshot_is_ignored(key, tmp_path):
     assert resumed == run() and not marker.exists()
     assert os.path.getsize(folder / "fit-0.pkl") > 0   # replaced by a signed snapshot
     assert signed_pickle.verified_payload((folder / "fit-0.pkl").read_bytes())
+
+
+def test_vouching_signs_an_older_runs_plain_pickle_without_unpickling_it(key, tmp_path,
+                                                                         capsys):
+    """A task cache written before signing existed: `python -m bpfree.signed_pickle vouch`
+    signs the files in place (nothing runs), after which the cache reads them."""
+    cache = TaskCache(tmp_path / "cache", salt="old-rev")
+    (tmp_path / "cache").mkdir()
+    old = cache.path(len, "task")
+    old.write_bytes(pickle.dumps({"accuracy": 91.5}, protocol=4))   # as the old revision did
+    assert cache.load(len, "task") == (False, None)
+    marker = tmp_path / "pwned"
+    planted = tmp_path / "planted.pkl"
+    planted.write_bytes(pickle.dumps(_Plant(marker)))
+    assert signed_pickle.main(["vouch", str(old), str(planted)]) == 0
+    assert not marker.exists()                       # vouching unpickles nothing
+    assert cache.load(len, "task") == (True, {"accuracy": 91.5})
+    # already signed, not a pickle, or missing: refused, named, exit 1, file unchanged
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"hello")
+    signed = old.read_bytes()
+    assert signed_pickle.main(["vouch", str(old), str(text), str(tmp_path / "gone")]) == 1
+    err = capsys.readouterr().err
+    assert "already a signed bpfree pickle" in err and "not a pickle of protocol" in err
+    assert "gone" in err
+    assert old.read_bytes() == signed and text.read_bytes() == b"hello"

@@ -9,6 +9,12 @@ that this module creates once per user (``$BPFREE_PICKLE_KEY`` names its file; d
 ``~/.cache/bpfree/pickle.key``, mode 0600), and :func:`loads` refuses, before unpickling
 anything, a file whose tag does not match. A cache written by another user or machine is
 therefore treated as missing and recomputed, never executed.
+
+Files this user's own runs wrote before signing existed (a task cache of a revision older
+than this module, still being filled by that revision's run) can be vouched for, which signs
+them without unpickling anything: ``python -m bpfree.signed_pickle vouch FILE...``
+(:func:`vouch`). Vouch only for files you know your own runs wrote, and vouch for copies
+when that older revision still reads the folder: it reads plain pickles only.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import io
 import os
 import pickle
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAGIC", "SignatureError", "dumps", "key_path", "loads", "verified_payload"]
+__all__ = ["MAGIC", "SignatureError", "dumps", "key_path", "loads", "verified_payload", "vouch"]
 
 MAGIC = b"BPFSIG1\n"
 _TAG = hashlib.sha256().digest_size
@@ -66,8 +73,54 @@ def dumps(obj: Any, *, pickler: type[pickle.Pickler] | None = None) -> bytes:
     """``obj`` pickled (protocol 4, optionally by a ``pickler`` subclass) and signed."""
     buffer = io.BytesIO()
     (pickler or pickle.Pickler)(buffer, protocol=4).dump(obj)
-    payload = buffer.getvalue()
+    return _signed(buffer.getvalue())
+
+
+def _signed(payload: bytes) -> bytes:
     return MAGIC + hmac.new(_key(), payload, hashlib.sha256).digest() + payload
+
+
+def vouch(path: str | os.PathLike) -> None:
+    """Sign the plain pickle at ``path`` in place (atomically), as if :func:`dumps` had
+    written it; nothing is unpickled. For files this user's own older runs wrote. ValueError
+    for a file that is already signed or does not start like a pickle (protocol 2 or later)."""
+    from .io import atomic_write_bytes
+
+    path = Path(path)
+    data = path.read_bytes()
+    if data.startswith(MAGIC):
+        raise ValueError(f"{path}: already a signed bpfree pickle")
+    if len(data) < 2 or data[0] != 0x80 or not 2 <= data[1] <= pickle.HIGHEST_PROTOCOL:
+        raise ValueError(f"{path}: not a pickle of protocol 2 to {pickle.HIGHEST_PROTOCOL} "
+                         "(nothing signed)")
+    atomic_write_bytes(path, _signed(data), what=str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bpfree.signed_pickle vouch FILE...``: :func:`vouch` for each file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bpfree.signed_pickle",
+        description="Sign plain pickles that your own older bpfree runs wrote (a task cache "
+                    "of a revision from before signing), so that this version reads them. "
+                    "Nothing is unpickled. Vouch only for files you know you wrote; vouch "
+                    "for copies while the older revision still reads the folder.")
+    parser.add_argument("command", choices=["vouch"])
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    args = parser.parse_args(argv)
+    failed = 0
+    for name in args.files:
+        try:
+            vouch(name)
+        except (OSError, ValueError) as exc:
+            print(f"vouch: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 def verified_payload(data: bytes) -> bytes:

@@ -22,7 +22,7 @@ import torch
 
 from ..progress import progress_bar
 from .environment import cpu_model
-from .task_cache import TaskCache, run_resumable, snapshots_of
+from .task_cache import PartialRunError, TaskCache, run_resumable, snapshots_of
 
 __all__ = ["default_workers", "spawn_pool", "run_keyed"]
 
@@ -64,7 +64,7 @@ def spawn_pool(workers: int) -> cf.ProcessPoolExecutor:
 
 def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: int,
               order: list | None = None, progress: str | None = None,
-              cache: TaskCache | None = None) -> dict:
+              cache: TaskCache | None = None, partial: bool = False) -> dict:
     """``{key: fn(task)}`` for every item of ``tasks``.
 
     ``workers`` ≤ 1 runs them in this process (easier to debug and profile). Otherwise they
@@ -74,6 +74,11 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
     finished tasks on stderr (hours-long benchmarks need one). ``cache``: a
     :class:`~bpfree.bench.task_cache.TaskCache`; tasks it holds are not run again, and each
     task that finishes is stored in it at once (a run cut off resumes where it stopped).
+
+    A report-only cache (``cache.report_only``, ``$BPFREE_TASK_CACHE_REPORT``) runs nothing:
+    with ``partial`` the result holds the finished tasks only (``cache.missing`` counts the
+    others); without it, any unfinished task raises :class:`PartialRunError`, since the
+    caller cannot report without it.
     """
     keys = list(tasks) if order is None else list(order)
     if set(keys) != set(tasks):
@@ -86,6 +91,14 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
         if found:
             results[k] = value
     keys = [k for k in keys if k not in results]
+    if cache is not None and cache.report_only:
+        if keys and not partial:
+            raise PartialRunError(
+                f"{len(keys)} of {len(paths)} tasks{f' of {progress}' if progress else ''} "
+                f"have not finished in the run of {cache.salt} (report-only cache, "
+                f"{cache.directory}); this part cannot be reported until they have")
+        cache.missing += len(keys)
+        return results
 
     def runnable(k) -> tuple[Callable, Any]:
         # Under a cache, each task saves epoch snapshots, so a cut-off long run resumes

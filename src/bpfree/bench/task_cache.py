@@ -18,6 +18,13 @@ checkout is refused, because the stored results could not be traced to any revis
 benchmark's JSON then holds the revision, as always; its ``seconds`` count only the resumed
 run, while each task keeps its own measured time.
 
+A run of many hours can be reported before it ends: with ``BPFREE_TASK_CACHE_REPORT=REV``
+also set, a benchmark that supports it reads the results the cache holds for committed
+revision ``REV`` (the run still in progress), trains nothing, and reports what finished
+(:attr:`TaskCache.report_only`; :func:`~bpfree.bench.parallel.run_keyed` with
+``partial=True``). The report's own code may be newer than ``REV``; a task whose definition
+changed since has another key, so it reads as unfinished, never as a wrong result.
+
 Results are signed pickles (:mod:`bpfree.signed_pickle`): a file this user's key did not
 sign (a cache folder copied from elsewhere, an altered file) is never unpickled; it counts
 as missing and the task runs again.
@@ -30,6 +37,7 @@ import io
 import os
 import pickle
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +50,18 @@ from ..checkpoint.resume import FitSnapshots, active
 from ..io import atomic_write_bytes
 from .environment import git_state
 
-__all__ = ["ENV", "TaskCache", "from_environment", "memoized", "run_resumable", "snapshots_of", "task_digest"]
+__all__ = ["ENV", "REPORT_ENV", "PartialRunError", "TaskCache", "from_environment", "memoized", "run_resumable", "snapshots_of", "task_digest"]
 
 #: The environment variable that names the cache folder (unset or empty: no cache).
 ENV = "BPFREE_TASK_CACHE"
+#: Set to a committed revision: report what the cache holds for that revision's run and
+#: train nothing (a partial report of a run still in progress).
+REPORT_ENV = "BPFREE_TASK_CACHE_REPORT"
+
+
+class PartialRunError(RuntimeError):
+    """A report-only run (``$BPFREE_TASK_CACHE_REPORT``) met work that has not finished and
+    that the benchmark cannot report without."""
 
 
 @dataclass
@@ -53,11 +69,15 @@ class TaskCache:
     """Results of finished tasks under ``directory``, valid for code revision ``salt``.
 
     ``hits`` counts the results :meth:`load` found (what a benchmark reports as resumed).
+    ``report_only``: tasks the cache lacks are not run (``$BPFREE_TASK_CACHE_REPORT``);
+    ``missing`` counts the keys :func:`~bpfree.bench.parallel.run_keyed` left out for it.
     """
 
     directory: Path
     salt: str
     hits: int = field(default=0)
+    report_only: bool = field(default=False)
+    missing: int = field(default=0)
 
     def path(self, fn: Callable, task: Any) -> Path:
         name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
@@ -172,11 +192,19 @@ def from_environment(checkout: str | os.PathLike | None = None) -> TaskCache | N
     """The cache ``$BPFREE_TASK_CACHE`` names, for the git revision of ``checkout`` (default:
     the working directory), or None when the variable is unset or empty.
 
+    With ``$BPFREE_TASK_CACHE_REPORT=REV`` also set, the cache is read-only and keyed by
+    ``REV`` instead (:func:`report_revision`): a partial report of REV's run.
+
     Raises ValueError outside a git checkout or in a dirty one: a resumed run must be
-    traceable to one committed revision.
+    traceable to one committed revision; and for a report revision that is not a commit, or
+    a report folder that does not exist.
     """
     directory = os.environ.get(ENV, "")
+    report = os.environ.get(REPORT_ENV, "")
     if not directory:
+        if report:
+            raise ValueError(f"${REPORT_ENV} is set but ${ENV} is not: name the cache folder "
+                             "of the run to report")
         return None
     revision, dirty = git_state(checkout)
     if revision is None or dirty:
@@ -187,5 +215,22 @@ def from_environment(checkout: str | os.PathLike | None = None) -> TaskCache | N
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise ValueError(f"${ENV}: {directory!r} is not a directory")
+    if report:
+        if not path.is_dir():
+            raise ValueError(f"${ENV}: {directory!r} does not exist; nothing to report")
+        return TaskCache(path, report_revision(report, checkout), report_only=True)
     path.mkdir(parents=True, exist_ok=True)
     return TaskCache(path, revision)
+
+
+def report_revision(revision: str, checkout: str | os.PathLike | None = None) -> str:
+    """``revision`` as a run's cache keys name it: the short hash :func:`git_state` gives
+    (ValueError when it is not a commit of ``checkout``'s repository)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", "--short", f"{revision}^{{commit}}"],
+            cwd=Path(checkout) if checkout is not None else None, capture_output=True,
+            text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        raise ValueError(f"${REPORT_ENV}={revision!r} is not a commit of this repository "
+                         "(give the revision whose run the cache holds)") from None
