@@ -268,15 +268,17 @@ def partial_summary(tasks, finished: dict, workers: int, plan: dict | None,
                       "measured_over_plan": ratio,
                       "wall_hours_left": left * ratio / workers / 3600}
     hours = ("" if projection is None else
-             f"; the rest projected at {projection['wall_hours_left']:.1f} wall hours on "
+             f"; the rest is projected at {projection['wall_hours_left']:.1f} wall hours on "
              f"{workers} workers at the finished runs' pace "
              f"({projection['plan_wall_hours_left']:.1f} on free cores)")
+    unfinished = n_done < len(tasks)
     return {"revision": revision, "finished": n_done, "tasks": len(tasks),
             "families": {f: {"finished": d, "tasks": t} for f, (d, t) in families.items()},
             "projection": projection,
-            "reason": None if n_done == len(tasks) else
-            f"the full run (revision {revision}) is in progress: {n_done} of {len(tasks)} "
-            f"training runs had finished when this report was made{hours} (extra.partial)"}
+            "progress": f"{n_done} of {len(tasks)} training runs of revision {revision} had "
+                        f"finished when this report was made{hours if unfinished else ''}",
+            "reason": f"the full run ({revision}) is in progress: {n_done} of {len(tasks)} "
+                      f"runs finished (extra.partial)" if unfinished else None}
 
 
 def _partial_state(cache, tasks, results, workers: int, quick: bool) -> dict | None:
@@ -631,7 +633,7 @@ def run(quick: bool):
                f"comes from the training runs of revision {partial['revision']} that had "
                f"finished; a sweep with an unfinished rate, and a mean over an unfinished "
                f"column, are left out, and their claims read not measured. "
-               f"{partial['reason'] or 'Every run had finished.'}"] if partial else []),
+               f"{partial['progress']}."] if partial else []),
             f"pretrained float model: {float_acc:.2f}% clean test accuracy; after PTQ to "
             f"INT8: {int8_acc:.2f}%",
             "corruption strengths calibrated on the 1000 training images so that the INT8 "

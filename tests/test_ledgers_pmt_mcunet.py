@@ -281,9 +281,13 @@ def test_pmt_partial_summary_projects_the_unfinished_runs_at_the_measured_pace(p
     assert out["projection"]["measured_over_plan"] == pytest.approx(2.0)
     assert out["projection"]["plan_wall_hours_left"] == pytest.approx(440 / 2 / 3600)
     assert out["projection"]["wall_hours_left"] == pytest.approx(880 / 2 / 3600)
-    assert "2 of 5 training runs" in out["reason"] and "abc1234" in out["reason"]
+    assert out["reason"] == ("the full run (abc1234) is in progress: 2 of 5 runs finished "
+                             "(extra.partial)")
+    assert out["progress"].startswith("2 of 5 training runs of revision abc1234 had finished")
+    assert "0.1 wall hours on 2 workers" in out["progress"]
     done = pmt.partial_summary(tasks[:1], finished, 2, None, "abc1234")
     assert done["reason"] is None and done["projection"] is None
+    assert "1 of 1 training runs" in done["progress"]
 
 
 def test_pmt_partial_report_chooses_no_rate_from_part_of_a_grid():
