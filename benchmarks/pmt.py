@@ -90,6 +90,10 @@ LABELS = {
     "pmt-dense": "PMT dense (every layer)",
     "pmt-sparse": "PMT sparse, adaptive block (paper's BP-free)",
 }
+# Short names for the ledger's notes.
+SHORT = {"fp32-bp": "FP32 BP", "int8-bp": "INT8 BP (QAS)", "int8-bp-noqas": "INT8 BP (no QAS)",
+         "int8-sparse-bp": "sparse INT8 BP", "pmt-sparse": "PMT sparse", "mezo": "MeZO",
+         "deepzero": "DeepZero"}
 # Labels earlier runs wrote for the same methods (result files keep them).
 FORMER_LABELS = {"DeepZero (CGE, random sparsity)": "deepzero"}
 ABL_SE = "final training loss, standard error (last six window means)"
@@ -568,8 +572,12 @@ def run(quick: bool):
         row(TABLE_RATES, LABELS[m], "gaussian noise", "chosen rate at a grid edge",
             float(bool(r.get("grid_edge"))))
 
+    edges = {m: {c: bool(r.get("grid_edge")) for c, r in res_of[m].items()} for m in res_of}
+    for m in ("mezo", "deepzero"):
+        if m in budget_rows:
+            edges[m] = {"gaussian_noise": bool(budget_rows[m].get("grid_edge"))}
     claims = ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
-                    pending=pending)
+                    pending=pending, edges=edges)
 
     mode = "quick" if quick else "full"
     curves = lambda keys: {k: (curves_of[k]["curve_forwards"], curves_of[k]["loss"])  # noqa: E731
@@ -712,9 +720,14 @@ def ledger_from_result(document: dict) -> list[dict]:
     for (scheme, setting), value in means.items():
         q = int(setting.split("Q=")[1].split()[0])
         cos_mean.setdefault(scheme, {})[q] = (value, stds[(scheme, setting)])
+    edges: dict[str, dict[str, bool]] = {}
+    for (method, setting), value in _by_metric(rows, TABLE_RATES,
+                                               "chosen rate at a grid edge").items():
+        edges.setdefault(key_of[method], {})[setting.replace(" ", "_")] = bool(value)
     protocol = SimpleNamespace(**extra["protocol"])
     return ledger(acc, group_means, budget_rows, abl, cos_mean, extra["calibration"],
-                  protocol, document["quick"], pending=(extra.get("partial") or {}).get("reason"))
+                  protocol, document["quick"], pending=(extra.get("partial") or {}).get("reason"),
+                  edges=edges)
 
 
 #: What a claim catches when the rows it needs are missing (a partial report of a run in
@@ -723,14 +736,16 @@ _MISSING = (KeyError, StopIteration)
 
 
 def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
-           pending: str | None = None) -> list[dict]:
+           pending: str | None = None, edges: dict | None = None) -> list[dict]:
     """The claim ledger: each verdict is computed from this run's numbers. ``abl``: each Fig. 7
     configuration's :func:`ablation_summary` (``loss_se`` None: not recorded).
 
     In a partial report (``pending``: why runs are missing, e.g. "run in progress: 62 of 363
     runs finished"), the mappings hold only what finished; a claim whose rows are missing
     reads "not measured", with ``pending`` as its reason, rather than being decided on part
-    of its columns."""
+    of its columns. ``edges``: method -> {column: whether its chosen rate sits at an edge
+    of its grid} (the rows ``chosen rate at a grid edge``); a comparison whose sides chose
+    an edge rate says so in its note, since a wider grid could move either side."""
     paper_budget = P.queries >= 100 and P.zo_epochs >= 50 and P.bp_epochs >= 50
     below = "" if paper_budget else (
         f" Below the paper's budget: Q={P.queries} (paper 100), {P.zo_epochs} BP-free epochs "
@@ -751,6 +766,19 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
         return register
 
     nine = [c for c in CORRUPTIONS if c != "speckle_noise"]
+
+    def with_edges(note: str | None, methods, columns) -> str | None:
+        """``note`` and, where any of ``methods`` chose an edge rate in ``columns``, how
+        often (this run's grids were not widened: issue 30 asks for it)."""
+        counts = [(m, sum(bool((edges or {}).get(m, {}).get(c)) for c in columns))
+                  for m in methods]
+        counts = [(m, k) for m, k in counts if k]
+        if not counts:
+            return note
+        text = ("chosen rate at a grid edge (the grid was not widened in this run, so a wider "
+                "one could move either side): " + ", ".join(
+                    f"{SHORT.get(m, m)} {k}/{len(columns)} columns" for m, k in counts))
+        return f"{note} {text}" if note else text
 
     @entry("pmt-regime", "Table 7 (No Adaptation)",
            "Calibrated corruptions put the INT8 model within ±5 points of the paper's No "
@@ -812,7 +840,8 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
     def _():
         return dict(ours=f"{noise('pmt-sparse'):.2f} vs {noise('int8-sparse-bp'):.2f} %",
                     holds=noise("pmt-sparse") > noise("int8-sparse-bp"),
-                    note=below.strip() or None)
+                    note=with_edges(below.strip() or None, ("pmt-sparse", "int8-sparse-bp"),
+                                    NOISE))
 
     int8_rows = ("int8-bp-noqas", "int8-bp", "int8-sparse-bp")
 
@@ -823,7 +852,8 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
     def _():
         best_other = max(noise(m) for m in int8_rows)
         return dict(ours=f"PMT {noise('pmt-sparse'):.1f} %; best other INT8 {best_other:.1f} %",
-                    holds=noise("pmt-sparse") > best_other, note=below.strip() or None)
+                    holds=noise("pmt-sparse") > best_other,
+                    note=with_edges(below.strip() or None, ("pmt-sparse", *int8_rows), NOISE))
 
     @entry("bpfree-near-fp32",
            "Table 7, §4.3.1 (\"can match the performance of FP32 FullTrain\")",
@@ -832,7 +862,8 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
     def _():
         return dict(ours=f"{every('pmt-sparse'):.1f} vs {every('fp32-bp'):.1f} %",
                     holds=every("pmt-sparse") >= every("fp32-bp") - 5,
-                    note=below.strip() or None)
+                    note=with_edges(below.strip() or None, ("pmt-sparse", "fp32-bp"),
+                                    CORRUPTIONS))
 
     @entry("adaptive-block-selection", "Table 4",
            "Adaptive block selection matches or beats every fixed block in each corruption group",
@@ -867,7 +898,9 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
             budget = ("same forward budget" if same_budget(m) else
                       f"forward budgets {pf:,.0f} (PMT) vs {mf:,.0f}")
             return dict(ours=f"{pm:.2f} vs {budget_rows[m]['accuracy']:.2f} % ({budget})",
-                        holds=pm > budget_rows[m]["accuracy"], note=below.strip() or None)
+                        holds=pm > budget_rows[m]["accuracy"],
+                        note=with_edges(below.strip() or None, ("pmt-sparse", m),
+                                        ("gaussian_noise",)))
     # Table 6 (MeZO and DeepZero on PMT's selected block) is bench pmt-t6's claim
     # pmt-t6-same-selection: this benchmark's MeZO and DeepZero train every layer (Table 5).
     q = max(next(iter(cos_mean.values()))) if cos_mean else P.queries

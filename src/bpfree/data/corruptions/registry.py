@@ -106,15 +106,21 @@ _SPECS: list[tuple[str, str, Callable, bool, bool, tuple, tuple | None]] = [
 #: fog 73, brightness 83, contrast 36, elastic 71). Produced by the benchmark's calibration
 #: and recorded in results/pmt.json under ``extra.calibration``; a test ties the two.
 PMT_MNIST: Mapping[str, Any] = MappingProxyType({
-    "gaussian_noise": 0.21875,
-    "shot_noise": 0.18282554015663005,
-    "impulse_noise": 0.2109375,
-    "speckle_noise": 99.951171875,
-    "defocus_blur": (2.118033988749895, 0.86640625),
-    "motion_blur": (9.030468749999999, 3.0101562499999996),
-    "fog": (0.099609375, 2.0),
-    "brightness": 0.0390625,
-    "contrast": 0.56640625,
+    # The calibration of the full run at the paper's budget (revision 9a7f653): its
+    # pretrained model differs from the 6 % run's (8098713), so every strength moved.
+    # Brightness cannot land inside ±5 points for this model: accuracy is a step function of
+    # the strength (88.7 % or 77.4 % on the training images, nothing between, however fine
+    # the search: extra.calibration.brightness.trace), most likely because the corrupted
+    # images are rounded to 8 bits, so the uniform background moves one grey level at once.
+    "gaussian_noise": 0.234375,
+    "shot_noise": 0.25593703948828583,
+    "impulse_noise": 0.21875,
+    "speckle_noise": 75.0,
+    "defocus_blur": (2.118033988749895, 0.7134765625),
+    "motion_blur": (10.427343749999999, 3.47578125),
+    "fog": (0.1376953125, 2.0),
+    "brightness": 0.06640625,
+    "contrast": 0.46875,
     "elastic_transform": (1.5625, ELASTIC_SIGMA, 0.078125),
 })
 
