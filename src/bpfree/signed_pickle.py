@@ -19,6 +19,7 @@ when that older revision still reads the folder: it reads plain pickles only.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import io
@@ -28,6 +29,8 @@ import secrets
 import sys
 from pathlib import Path
 from typing import Any
+
+from .io import atomic_write_bytes
 
 __all__ = ["MAGIC", "SignatureError", "dumps", "key_path", "loads", "verified_payload", "vouch"]
 
@@ -84,8 +87,6 @@ def vouch(path: str | os.PathLike) -> None:
     """Sign the plain pickle at ``path`` in place (atomically), as if :func:`dumps` had
     written it; nothing is unpickled. For files this user's own older runs wrote. ValueError
     for a file that is already signed or does not start like a pickle (protocol 2 or later)."""
-    from .io import atomic_write_bytes
-
     path = Path(path)
     data = path.read_bytes()
     if data.startswith(MAGIC):
@@ -98,8 +99,6 @@ def vouch(path: str | os.PathLike) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bpfree.signed_pickle vouch FILE...``: :func:`vouch` for each file."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m bpfree.signed_pickle",
         description="Sign plain pickles that your own older bpfree runs wrote (a task cache "
