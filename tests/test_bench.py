@@ -353,3 +353,24 @@ def test_a_part_the_run_could_not_do_is_said_on_the_terminal(bench_dir, monkeypa
     assert "c-done" not in err and "ordinary note" not in err
     doc = {"claims": [claim("a", "r", "s", paper=None, ours=None, holds=None)]}
     assert runner.unmeasured(doc) == ["claim 'a' not measured in this run: s"]
+
+
+def test_docs_mark_a_partial_report_with_its_runs_progress(results_dir, tmp_path):
+    """A result written from part of a run (extra.partial, $BPFREE_TASK_CACHE_REPORT) says so
+    in its title, the overview and its mode line; a finished one reads as a full run."""
+    partial = {"revision": "abc1234", "finished": 208, "tasks": 363,
+               "progress": "208 of 363 training runs of revision abc1234 had finished"}
+    (results_dir / "zo.json").write_text(json.dumps(_result(
+        "zo", [_good_row()], extra={"partial": partial})))
+    out = tmp_path / "BENCHMARKS.md"
+    docs.generate_docs(results_dir, out)
+    text = out.read_text()
+    assert "## zo (full, partial: 208 of 363 runs of abc1234)" in text
+    assert "| zo | full, partial: 208 of 363 runs of abc1234 |" in text
+    assert ("**Mode:** full run, partial report: 208 of 363 training runs of revision "
+            "abc1234 had finished (see the notes)") in text
+    partial.update(finished=363)
+    (results_dir / "zo.json").write_text(json.dumps(_result(
+        "zo", [_good_row()], extra={"partial": partial})))
+    docs.generate_docs(results_dir, out)
+    assert "## zo (full)" in out.read_text()

@@ -339,15 +339,35 @@ def _versions_text(versions: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {versions[name]}" for name in versions)
 
 
+def _mode(document: Mapping[str, Any]) -> str:
+    """"quick" or "full", and for a partial report of a run in progress (``extra.partial``,
+    ``$BPFREE_TASK_CACHE_REPORT``) how far that run had come."""
+    mode = "quick" if document["quick"] else "full"
+    partial = (document.get("extra") or {}).get("partial")
+    if isinstance(partial, Mapping) and partial.get("finished") != partial.get("tasks"):
+        mode += (f", partial: {partial.get('finished')} of {partial.get('tasks')} runs of "
+                 f"{partial.get('revision')}")
+    return mode
+
+
+def _mode_line(document: Mapping[str, Any]) -> str:
+    base = "quick" if document["quick"] else "full"
+    line = f"{base} run" + (" (reduced settings: `--quick`)" if document["quick"] else "")
+    if "partial" in _mode(document):
+        progress = (document.get("extra") or {})["partial"].get("progress") or ""
+        line += f", partial report: {progress} (see the notes)"
+    return line
+
+
 def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir: Path,
                    report: DocsReport) -> list[str]:
     """One benchmark run: title, description, run metadata, then one table per `table`."""
-    mode = "quick" if document["quick"] else "full"
+    mode = _mode(document)
     lines = [f"## {document['benchmark']} ({mode})", ""]
     if document.get("description"):
         lines += [str(document["description"]).strip(), ""]
     meta = [
-        ("Mode", f"{mode} run" + (" (reduced settings: `--quick`)" if document["quick"] else "")),
+        ("Mode", _mode_line(document)),
         ("Command", f"`{document['command']}`" if document.get("command") else None),
         ("Device", document["device"]),
         ("Seed", document.get("seed")),
@@ -375,7 +395,7 @@ def render_section(document: Mapping[str, Any], source: str, base: Path, out_dir
 
 def _overview(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
     body = [
-        (doc["benchmark"], "quick" if doc["quick"] else "full", doc["device"],
+        (doc["benchmark"], _mode(doc), doc["device"],
          format_seconds(float(doc["seconds"])), f"`{source}`")
         for source, doc in entries
     ]
