@@ -357,3 +357,60 @@ def test_cge_points_are_the_nested_loops_points(central, subset, mu, monkeypatch
     expected = [(i, j, s * mu) for i, j in zip(tensor.tolist(), offset.tolist()) for s in signs]
     assert seen == [expected]
     assert len(expected) == (subset or offsets[-1]) * len(signs)
+
+
+def _einsum_tail_outputs(kind, j, d, a, z, tail, logits):
+    """The dense shortcut's outputs as the chunked path formed them before (the reference
+    for :func:`~bpfree.ttzo.layerwise._dense_tail_outputs`' bits)."""
+    acts_after, last = tail
+    i_out = j if kind == "bias" else j // a.shape[-1]
+    zs, ws = z[:, i_out].T, last[:, i_out].T
+    zs_new = zs + (d[:, None] if kind == "bias" else d[:, None] * a[:, j % a.shape[-1]].T)
+    for m in acts_after:
+        zs_new, zs = m(zs_new), m(zs)
+    return (logits + torch.einsum("cb,co->cbo", zs_new - zs, ws)).contiguous()
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Identity])
+@pytest.mark.parametrize("kind", ["dense", "bias"])
+def test_dense_tail_outputs_equal_the_einsum_form_bitwise(activation, kind):
+    """float32, steps of both signs and a repeated offset, large enough that ReLU outputs
+    cross the kink: the same bits as the einsum form (ReLU / identity tails only, see
+    _dense_tail_outputs)."""
+    from bpfree.ttzo import layerwise
+
+    g = torch.Generator().manual_seed(3)
+    B, N, M, C = 9, 13, 7, 5
+    a, z = torch.rand(B, N, generator=g), torch.randn(B, M, generator=g)
+    tail = ([activation()], torch.randn(C, M, generator=g))
+    logits = torch.randn(B, C, generator=g)
+    size = M * N if kind == "dense" else M
+    j = torch.cat([torch.randperm(size, generator=g)[:40], torch.tensor([3, 3])])[: size + 2]
+    d = torch.randn(j.numel(), generator=g) * 0.5
+    got = layerwise._dense_tail_outputs(kind, j, d, a, z, tail, logits)
+    expected = _einsum_tail_outputs(kind, j, d, a, z, tail, logits)
+    assert got.shape == (j.numel(), B, C) and got.is_contiguous()
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, logits.expand_as(got))
+
+
+def test_dense_mlp_cge_steps_are_bit_identical_to_the_einsum_form(monkeypatch):
+    """Float32 CGE training steps on the 784-10-10 MLP (every first-layer weight takes the
+    dense shortcut): the same losses and weights as with the einsum form."""
+    from bpfree.ttzo import layerwise
+
+    x, y = _batch(n=16, features=784, classes=10, dtype=torch.float32)
+
+    def run():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(784, 10), nn.ReLU(), nn.Linear(10, 10))
+        trainer = ZOTrainer(model, "cge", mu=1e-2, mode="batched", num_coordinates=2000,
+                            momentum=0.9, seed=3)
+        losses = [trainer.step(x, y, 1e-2)["loss"] for _ in range(3)]
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    losses, weights = run()
+    monkeypatch.setattr(layerwise, "_dense_tail_outputs", _einsum_tail_outputs)
+    ref_losses, ref_weights = run()
+    assert losses == ref_losses
+    assert all(torch.equal(w, r) for w, r in zip(weights, ref_weights))
