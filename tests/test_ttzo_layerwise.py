@@ -252,3 +252,165 @@ def test_core_jacobian_is_the_core_columns_in_its_entry_layout(wide, monkeypatch
         expected = cols.permute(0, 3, 4, 2, 1, 5).reshape(B, n * r1 * r0, O, P)
         torch.testing.assert_close(layerwise._core_jacobian(layer, a, k), expected,
                                    rtol=1e-13, atol=1e-15)
+
+
+# --- the CGE step made cheaper with the same bits (issue 32) ----------------------------------
+
+def _one_hot_moved_logits(logits, moved, mu, m):
+    """A last-layer core's perturbed logits as formed before: ``moved`` spread over the
+    digits by a one-hot product, plus the logits (the reference for the bits)."""
+    B, c, O, P = moved.shape
+    onehot = torch.nn.functional.one_hot(mu, m).to(logits.dtype)
+    h = (moved.unsqueeze(3) * onehot.view(1, c, 1, m, 1)).view(B, c, O * m * P)
+    return h.add_(logits.unsqueeze(1))
+
+
+@pytest.mark.parametrize("split", [(1, 1, 10), (1, 5, 2), (5, 2, 1), (10, 1, 1), (2, 3, 2)])
+def test_moved_logits_equal_the_one_hot_sum_bitwise(split):
+    """Every folding of a 10-logit last layer's cores (and a generic one): the scatter gives
+    the one-hot product's bits, with exact zeros and negative moves among the entries."""
+    from bpfree.ttzo import layerwise
+
+    O, m, P = split
+    g = torch.Generator().manual_seed(sum(split))
+    B, c = 7, 23
+    logits = torch.randn(B, O * m * P, generator=g)
+    moved = torch.randn(B, c, O, P, generator=g) * 1e-3
+    moved[:, ::4] = 0.0
+    mu = torch.randint(0, m, (c,), generator=g)
+    expected = _one_hot_moved_logits(logits, moved.clone(), mu, m)
+    got = layerwise._moved_logits(logits, moved.clone(), mu, m)
+    assert got.shape == (B, c, O * m * P)
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, logits.unsqueeze(1).expand_as(got))   # the moves are there
+
+
+@pytest.mark.parametrize("central, subset", [(False, None), (True, 300)],
+                         ids=["forward-full", "central-subset"])
+def test_cge_steps_are_bit_identical_to_the_one_hot_path(central, subset, monkeypatch):
+    """Float32 CGE training steps on the §5.1 TT-MLP (r = 2): every loss and the weights
+    after the steps are the same bits as with the last layer's one-hot product."""
+    from bpfree.ttzo import layerwise
+
+    x, y = _batch(n=16, features=784, classes=10, dtype=torch.float32)
+
+    def run():
+        torch.manual_seed(0)
+        model = tt_mlp(2)
+        trainer = ZOTrainer(model, "cge", mu=1e-2, mode="batched", central=central,
+                            num_coordinates=subset, momentum=0.9, seed=3)
+        losses = [trainer.step(x, y, 1e-2)["loss"] for _ in range(3)]
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    losses, weights = run()
+    monkeypatch.setattr(layerwise, "_moved_logits", _one_hot_moved_logits)
+    ref_losses, ref_weights = run()
+    assert losses == ref_losses or (central and all(v != v for v in losses + ref_losses))
+    assert all(torch.equal(w, r) for w, r in zip(weights, ref_weights))
+    torch.manual_seed(0)
+    assert not all(torch.equal(w, p) for w, p in zip(weights, tt_mlp(2).parameters()))
+
+
+def test_points_are_grouped_by_tensor_as_the_per_point_loop_did():
+    """Shuffled points of three tensors with repeats: each tensor's positions, offsets and
+    float64 steps in point order, tensors in order of first occurrence."""
+    from bpfree.ttzo import layerwise
+
+    g = torch.Generator().manual_seed(11)
+    points = [(int(i), int(j), float(d)) for i, j, d in
+              zip(torch.randint(0, 3, (200,), generator=g), torch.randint(0, 50, (200,), generator=g),
+                  torch.randn(200, generator=g, dtype=torch.float64) * 1e-2)]
+    points += points[:5]
+    expected: dict = {}
+    for n, (i, _, _) in enumerate(points):
+        expected.setdefault(i, []).append(n)
+    groups = layerwise._by_tensor(points)
+    assert list(groups) == list(expected)
+    for i, (index, flat, steps) in groups.items():
+        assert index.tolist() == expected[i]
+        assert flat.tolist() == [points[n][1] for n in expected[i]]
+        assert steps.dtype == torch.float64
+        assert steps.tolist() == [points[n][2] for n in expected[i]]
+    assert layerwise._by_tensor([]) == {}
+
+
+@pytest.mark.parametrize("central, subset, mu", [(False, None, 1e-2), (True, 40, 0.3),
+                                                 (False, 40, 1e-3)])
+def test_cge_points_are_the_nested_loops_points(central, subset, mu, monkeypatch):
+    """CoordinateWise's evaluation points, zipped: the same (tensor, offset, ±1.0·μ) tuples
+    in the same order as the nested comprehension they replace."""
+    model = _small_tt()
+    x, y = _batch()
+    seen = []
+    trainer = ZOTrainer(model, "cge", mu=mu, mode="batched", central=central,
+                        num_coordinates=subset, seed=5)
+    monkeypatch.setattr(type(trainer.estimator), "evaluate",
+                        lambda self, ctx, points: (seen.append(points), (0.0, [0.0] * len(points)))[1])
+    ctx = trainer.optimizer.context(Objective(model, x, y))
+    trainer.estimator.estimate(ctx)
+    sizes = [p.numel() for p in ctx.params]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    coords = trainer.estimator._coordinates(ctx, offsets[-1])
+    tensor = torch.searchsorted(torch.tensor(offsets[1:]), coords, right=True)
+    offset = coords - torch.tensor(offsets[:-1])[tensor]
+    signs = (1.0, -1.0) if central else (1.0,)
+    expected = [(i, j, s * mu) for i, j in zip(tensor.tolist(), offset.tolist()) for s in signs]
+    assert seen == [expected]
+    assert len(expected) == (subset or offsets[-1]) * len(signs)
+
+
+def _einsum_tail_outputs(kind, j, d, a, z, tail, logits):
+    """The dense shortcut's outputs as the chunked path formed them before (the reference
+    for :func:`~bpfree.ttzo.layerwise._dense_tail_outputs`' bits)."""
+    acts_after, last = tail
+    i_out = j if kind == "bias" else j // a.shape[-1]
+    zs, ws = z[:, i_out].T, last[:, i_out].T
+    zs_new = zs + (d[:, None] if kind == "bias" else d[:, None] * a[:, j % a.shape[-1]].T)
+    for m in acts_after:
+        zs_new, zs = m(zs_new), m(zs)
+    return (logits + torch.einsum("cb,co->cbo", zs_new - zs, ws)).contiguous()
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Identity])
+@pytest.mark.parametrize("kind", ["dense", "bias"])
+def test_dense_tail_outputs_equal_the_einsum_form_bitwise(activation, kind):
+    """float32, steps of both signs and a repeated offset, large enough that ReLU outputs
+    cross the kink: the same bits as the einsum form (ReLU / identity tails only, see
+    _dense_tail_outputs)."""
+    from bpfree.ttzo import layerwise
+
+    g = torch.Generator().manual_seed(3)
+    B, N, M, C = 9, 13, 7, 5
+    a, z = torch.rand(B, N, generator=g), torch.randn(B, M, generator=g)
+    tail = ([activation()], torch.randn(C, M, generator=g))
+    logits = torch.randn(B, C, generator=g)
+    size = M * N if kind == "dense" else M
+    j = torch.cat([torch.randperm(size, generator=g)[:40], torch.tensor([3, 3])])[: size + 2]
+    d = torch.randn(j.numel(), generator=g) * 0.5
+    got = layerwise._dense_tail_outputs(kind, j, d, a, z, tail, logits)
+    expected = _einsum_tail_outputs(kind, j, d, a, z, tail, logits)
+    assert got.shape == (j.numel(), B, C) and got.is_contiguous()
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, logits.expand_as(got))
+
+
+def test_dense_mlp_cge_steps_are_bit_identical_to_the_einsum_form(monkeypatch):
+    """Float32 CGE training steps on the 784-10-10 MLP (every first-layer weight takes the
+    dense shortcut): the same losses and weights as with the einsum form."""
+    from bpfree.ttzo import layerwise
+
+    x, y = _batch(n=16, features=784, classes=10, dtype=torch.float32)
+
+    def run():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(784, 10), nn.ReLU(), nn.Linear(10, 10))
+        trainer = ZOTrainer(model, "cge", mu=1e-2, mode="batched", num_coordinates=2000,
+                            momentum=0.9, seed=3)
+        losses = [trainer.step(x, y, 1e-2)["loss"] for _ in range(3)]
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    losses, weights = run()
+    monkeypatch.setattr(layerwise, "_dense_tail_outputs", _einsum_tail_outputs)
+    ref_losses, ref_weights = run()
+    assert losses == ref_losses
+    assert all(torch.equal(w, r) for w, r in zip(weights, ref_weights))

@@ -168,10 +168,27 @@ def _prepare(objective: Objective, params, points):
         h = m(h)           # a masked layer's pre-hook rebuilds its dense weight here
         outs.append(h)
     base = float(objective.loss_fn(h, objective.targets).mean())
-    by_tensor: dict[int, list[int]] = {}
-    for n, (i, _, _) in enumerate(points):
-        by_tensor.setdefault(i, []).append(n)
-    return layers, located, acts, outs, base, by_tensor
+    return layers, located, acts, outs, base, _by_tensor(points)
+
+
+def _by_tensor(points) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Tensor index -> ``(positions in points, flat offsets, steps δ in float64)`` of its
+    points, tensors in order of first occurrence and points in their order.
+
+    Unzipped once and grouped by tensor comparisons: the per-point Python loops and lists
+    this replaces cost ~5 ms of every CGE step over the 8,314 coordinates of the §5.1
+    TT-MLP at r = 10 (issue 32)."""
+    if not points:
+        return {}
+    tensor, flat, step = zip(*points)
+    which = torch.tensor(tensor, dtype=torch.long)
+    flat = torch.tensor(flat, dtype=torch.long)
+    step = torch.tensor(step, dtype=torch.float64)
+    groups = {}
+    for i in dict.fromkeys(tensor):
+        index = (which == i).nonzero().squeeze(1)
+        groups[i] = (index, flat[index], step[index])
+    return groups
 
 
 @torch.no_grad()
@@ -196,18 +213,14 @@ def layerwise_losses(objective: Objective, params, points, *,
     # per step, not per tensor: a (TT-)last layer's dense W' is formed once (issue 32)
     tails = {li: None if li == len(layers) - 1 else _tail(layers, li)
              for li in {located[i][0] for i in by_tensor}}
-    # every point's offset and step as tensors once; each tensor's fast path indexes them
-    offsets = torch.tensor([pt[1] for pt in points], dtype=torch.long)
-    steps = torch.tensor([pt[2] for pt in points], dtype=torch.float64)
-    for i, members in by_tensor.items():
+    for i, (sel, offsets, steps) in by_tensor.items():
         li, kind, extra = located[i]
         last = li == len(layers) - 1
         tail = tails[li]
+        mine = _Members(sel, offsets, steps.to(outs[li].dtype))
         if reference:
-            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
+            _chunked_losses(objective, layers, located[i], acts, outs, mine, losses)
             continue
-        sel = torch.tensor(members, dtype=torch.long)
-        mine = _Members(sel, offsets[sel], steps[sel].to(outs[li].dtype))
         if kind == "core" and (tail is not None or last):
             _core_slice_losses(objective, layers, li, extra, acts, outs, tail, mine, losses)
         elif kind == "bias" and extra is None and _piecewise(tail):
@@ -221,10 +234,9 @@ def layerwise_losses(objective: Objective, params, points, *,
             # reference's (C, B, M): chunks that large run the same arithmetic in far fewer
             # passes (each coordinate's loss is computed alone, so its value is unchanged)
             chunk = max(1, _CHUNK_ELEMS // (objective.inputs.shape[0] * (tail[1].shape[0] + 4)))
-            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses,
-                            chunk=chunk)
+            _chunked_losses(objective, layers, located[i], acts, outs, mine, losses, chunk=chunk)
         else:
-            _chunked_losses(objective, layers, located[i], acts, outs, points, members, losses)
+            _chunked_losses(objective, layers, located[i], acts, outs, mine, losses)
     return base, losses
 
 
@@ -336,24 +348,40 @@ def _last_core_losses(objective, jac, logits, split, mu, entry, deltas, members,
     """:func:`_core_slice_losses` for a core of the last layer: every digit at once.
 
     Entry ``(α, μ, ν, β)`` moves the logits ``(o, μ, p)`` by ``δ·J[b, e, o, p]`` and leaves
-    the others; for a chunk of entries the perturbed logits are the cached ones plus
-    ``δ·J`` placed at each entry's digit by a one-hot over the digits (adding an exact 0
-    elsewhere), one broadcast for all digits instead of a pass per digit."""
+    the others; for a chunk of entries the perturbed logits are the cached ones with ``δ·J``
+    added at each entry's digit (:func:`_moved_logits`), all digits at once instead of a pass
+    per digit."""
     y, loss_fn = objective.targets, objective.loss_fn
-    O, m, P = split
+    m = split[1]
     B, C = logits.shape
-    onehot = torch.nn.functional.one_hot(mu, m).to(logits.dtype)      # (c, m)
     chunk = max(1, _SLICE_ELEMS // (B * C))
     for start in range(0, members.numel(), chunk):
         sel = slice(start, start + chunk)
         e, d = entry[sel], deltas[sel]
         c = e.numel()
         moved = jac.index_select(1, e.to(jac.device)).mul_(d.view(1, c, 1, 1))  # (B, c, O, P)
-        h = (moved.unsqueeze(3) * onehot[sel].view(1, c, 1, m, 1)).view(B, c, C)
-        h.add_(logits.unsqueeze(1))
+        h = _moved_logits(logits, moved, mu[sel], m)
         per = loss_fn(h.view(B * c, C), y.repeat_interleave(c)).view(B, c).mean(0)
         for j, value in zip(members[sel].tolist(), per.tolist()):
             losses[j] = value
+
+
+def _moved_logits(logits: torch.Tensor, moved: torch.Tensor, mu: torch.Tensor,
+                  m: int) -> torch.Tensor:
+    """``(B, c, C)``: the logits ``(B, C)``, folded as ``(o, μ, p)``, with ``moved[:, s]``
+    (``(B, c, O, P)``) added at column ``s``'s digit ``mu[s]`` of ``m``.
+
+    One addition per moved logit, written by ``scatter_add_`` into a copy of the logits: the
+    same bits as adding the logits to ``moved`` spread over the digits by a one-hot (``x·1 =
+    x``; ``x·0 + l = l``), which the path of before formed as a ``(B, c, O, m, P)`` broadcast
+    product 3-6x slower (its inner dimension is ``P`` ≤ 2 here; torch 2.13, CPU)."""
+    B, c, O, P = moved.shape
+    if m == 1:
+        return moved.view(B, c, O * P).add_(logits.unsqueeze(1))
+    h = logits.unsqueeze(1).expand(B, c, O * m * P).contiguous()
+    index = mu.to(moved.device).view(1, c, 1, 1, 1).expand(B, c, O, 1, P)
+    h.view(B, c, O, m, P).scatter_add_(3, index, moved.unsqueeze(3))
+    return h
 
 
 def _piecewise_core_losses(objective, jac, z, logits, shape, split, tail, members: _Members,
@@ -508,20 +536,21 @@ def _activate(acts, t: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     return t
 
 
-def _chunked_losses(objective, layers, where, acts, outs, points, members, losses, *,
+def _chunked_losses(objective, layers, where, acts, outs, mine: _Members, losses, *,
                     chunk: int | None = None) -> None:
-    """Fill ``losses[n]`` for the ``members`` (indices into ``points``) of one tensor located
-    at ``where``, ``chunk`` coordinates at a time (default: the reference path's, sized for
-    the whole layer output ``(C, B, M)``)."""
+    """Fill ``losses[n]`` for the points ``mine`` of one tensor located at ``where``,
+    ``chunk`` coordinates at a time (default: the reference path's, sized for the whole
+    layer output ``(C, B, M)``)."""
     x, y, loss_fn = objective.inputs, objective.targets, objective.loss_fn
     B = x.shape[0]
     li, kind, extra = where
     layer, a, z = layers[li], acts[li], outs[li]
     M = z.shape[-1]
-    flat = torch.tensor([points[n][1] for n in members], dtype=torch.long, device=z.device)
+    members = mine.index.tolist()
+    flat = mine.flat.to(z.device)
     if extra is not None and kind != "core":
         flat = extra[flat]             # kept values -> positions in the dense tensor
-    deltas = torch.tensor([points[n][2] for n in members], dtype=z.dtype, device=z.device)
+    deltas = mine.deltas.to(z.device)
     if kind == "core":
         k = extra
         jac = _core_columns(layer, a, k)
@@ -534,6 +563,12 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
         sel = slice(start, start + chunk)
         j, d = flat[sel], deltas[sel]
         C = j.numel()
+        if tail is not None and kind != "core" and _piecewise(tail):
+            h = _dense_tail_outputs(kind, j, d, a, z, tail, outs[-1])           # (C, B, M')
+            per = loss_fn(h.view(C * B, -1), y.repeat(C)).view(C, B).mean(1).tolist()
+            for n, value in zip(members[sel], per):
+                losses[n] = value
+            continue
         if tail is not None:
             acts_after, last = tail
             if kind == "core":
@@ -574,6 +609,34 @@ def _chunked_losses(objective, layers, where, acts, outs, points, members, losse
         per = loss_fn(h, y.repeat(C)).reshape(C, B).mean(1).tolist()
         for n, value in zip(members[sel], per):
             losses[n] = value
+
+
+def _dense_tail_outputs(kind, j, d, a, z, tail, logits) -> torch.Tensor:
+    """The network outputs ``(C, B, M')`` when the dense weight (``kind="dense"``) or bias
+    entries at flat offsets ``j`` move by ``d``, for a layer followed by ``tail``: the
+    module docstring's shortcut ``y + W'[:, S]·(σ(z_S + δ·col) − σ(z_S))``.
+
+    For a ReLU / identity ``σ`` (:func:`_piecewise`) only: each value is then the same IEEE
+    operation on the same operands as in :func:`_chunked_losses`' einsum form (``z + δ·a``,
+    σ, the difference, one product per ``(c, b, o)`` and the sum with ``y``, with commuted
+    operands), so the bits are equal. The operands are gathered into contiguous ``(C, ·)``
+    rows and the products written in ``(C, B, M')`` order, where the einsum's strided result
+    cost a copy of the whole ``(C, B, M')`` (~35 % of the dense MLPs' CGE step, torch 2.13,
+    CPU; issue 32). Not for tanh or GELU: ATen evaluates those by a vector kernel and the
+    last elements of a buffer by a scalar one whose bits differ, so another memory order
+    would change some bits."""
+    acts_after, last = tail
+    i_out = j if kind == "bias" else j // a.shape[-1]
+    zs = z.T.index_select(0, i_out)                                      # (C, B)
+    ws = last.T.index_select(0, i_out)                                   # (C, M')
+    if kind == "bias":
+        zs_new = zs + d[:, None]
+    else:
+        zs_new = a.T.index_select(0, j % a.shape[-1]).mul_(d[:, None]).add_(zs)
+    for m in acts_after:
+        zs_new, zs = _activate([m], zs_new, inplace=True), m(zs)
+    change = zs_new.sub_(zs)
+    return torch.mul(change.unsqueeze(2), ws.unsqueeze(1)).add_(logits)
 
 
 def _tail(layers, li):
