@@ -16,6 +16,7 @@ computed from this run's rows.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -293,8 +294,6 @@ def _partial_state(cache, tasks, results, workers: int, quick: bool) -> dict | N
     plan_path = ROOT / "results" / f"pmt-plan{'-quick' if quick else ''}.json"
     plan = None
     if plan_path.is_file():
-        import json
-
         plan = json.loads(plan_path.read_text()).get("extra")
     return partial_summary(tasks, {k: results[k] for k in tasks if k in results}, workers,
                            plan, cache.salt)
@@ -438,6 +437,7 @@ def run(quick: bool):
     results.update(run_keyed(run_task, tasks, workers, order=order, progress="pmt tasks",
                              cache=cache, partial=True))
     partial = _partial_state(cache, tasks, results, workers, quick)
+    # One grid size for every sweep: Protocol refuses grids of unequal lengths.
     results = _merge_grid(results, grid_size=len(P.zo_lrs) if partial else None)
     pending = partial["reason"] if partial else None
 
