@@ -9,7 +9,9 @@ Every method is tuned the same way (:func:`sweep`): the 1000 training images of 
 are split once into a training part and a validation part (``Protocol.validation``, seeded);
 each rate of the method's grid trains a fresh copy on the training part, the rate whose run
 scores best on the validation part is chosen, and that run's accuracy on the untouched test
-split is reported. Every grid has the same number of rates. Nothing is tuned on test data.
+split is reported. Every grid has the same number of rates. Nothing is tuned on test data. A
+sweep whose choice sits on an edge of its grid is widened one rate at a time past that edge,
+up to :data:`MOST_PAST_EDGE` rates (:func:`widening_tasks`), the same rule for every method.
 
 Tasks (:func:`run_task`, one CPU thread each, results as plain dicts):
 
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from bpfree.bench.parallel import run_named_task
+from bpfree.bench.rate_grid import rate_past_edge
 from bpfree.harness import accuracy, fit, holdout_split, mean_loss
 from bpfree.baselines import DeepZeroCGE, FullTrainFP32, FullTrainINT8, MeZO, SparseBP
 from bpfree.pmt.diagnostic import gradient_cosines
@@ -180,7 +183,8 @@ def sweep(make, train, val, test, *, epochs: int, rates, protocol: Protocol,
           grid_index: int | None = None) -> dict:
     """Every rate of ``rates`` (:func:`train_and_score`), or only ``rates[grid_index]`` (one
     task per rate, so that a resumed full run loses at most one rate's run; :func:`merge`
-    joins them), and the chosen one (:func:`choose`)."""
+    joins them), and the chosen one (:func:`choose`). A task past the grid's edge passes its
+    one rate as ``rates`` (:func:`widening_tasks`)."""
     if grid_index is not None:
         rates = [rates[grid_index]]
     return choose([train_and_score(make, train, val, test, epochs=epochs, lr=r,
@@ -189,14 +193,15 @@ def sweep(make, train, val, test, *, epochs: int, rates, protocol: Protocol,
 
 def merge(parts: list[dict]) -> dict:
     """One sweep from its per-rate tasks (each a :func:`sweep` with ``grid_index``): the chosen
-    run over all of them, and the task-level extras of the first part."""
+    run over all of them, and the task-level extras of the first part that has each."""
     runs = []
     for part in parts:
         chosen = {k: v for k, v in part.items() if k not in ("chosen", "runs", "grid_edge")}
         runs.append(chosen)
     out = choose(runs)
-    for key, value in parts[0].items():
-        out.setdefault(key, value)
+    for part in parts:
+        for key, value in part.items():
+            out.setdefault(key, value)
     out["task_seconds"] = sum(p.get("task_seconds") or 0.0 for p in parts)
     return out
 
@@ -205,15 +210,71 @@ def merge_grid(results: dict, is_sweep_part, grid_size: int | None = None) -> di
     """Join the per-rate tasks of every sweep (keys ``(..., grid index)`` for which
     ``is_sweep_part(key)`` holds) into one result keyed without the index (:func:`merge`);
     every other result is kept as it is. ``grid_size``: a sweep with fewer finished rates is
-    left out (a partial report must not choose a rate from part of its grid)."""
+    left out (a partial report must not choose a rate from part of its grid). The parts are
+    merged base grid first (index 0 up), then the rates past its top, then those below."""
     out, sweeps = {}, {}
     for key, value in results.items():
         if is_sweep_part(key):
-            sweeps.setdefault(key[:-1], []).append(value)
+            sweeps.setdefault(key[:-1], []).append((key[-1], value))
         else:
             out[key] = value
-    out.update({key: merge(parts) for key, parts in sweeps.items()
+    out.update({key: merge([v for _, v in sorted(parts, key=lambda p: (p[0] < 0, p[0]))])
+                for key, parts in sweeps.items()
                 if grid_size is None or len(parts) >= grid_size})
+    return out
+
+
+#: Rates a sweep may add past each edge of its grid (:func:`widening_tasks`). The paper
+#: gives no grids; two steps of the grid's own ratio (x9 for a half-decade grid) bracket
+#: every choice the last runs made, and keep a widened PMT sweep under 1.5x its base cost.
+MOST_PAST_EDGE = 2
+#: The task kinds that are per-rate parts of a sweep (keys ``(kind, ..., grid index)``).
+SWEEP_KINDS = ("bp", "pmt", "pmt-dense", "mezo", "deepzero")
+
+
+def grid_of(kind: str, kwargs: dict) -> str:
+    """The :class:`Protocol` grid a sweep task draws its rates from."""
+    if kind == "bp":
+        return "noqas_lsb" if kwargs.get("method") == "int8-bp-noqas" else "bp_lrs"
+    return "zo_lrs"
+
+
+def widening_tasks(results: dict, tasks: dict, protocol: Protocol,
+                   most: int = MOST_PAST_EDGE) -> dict:
+    """The next rate of every finished sweep whose choice sits on an edge of its grid.
+
+    ``tasks``: every per-rate task so far, keyed ``(kind, ..., position)``: the base grid's
+    positions are ``0 .. n-1``, rates past its top ``n, n+1, ...`` and below its bottom
+    ``-1, -2, ...``; ``results``: the finished ones. For a sweep whose every task finished
+    and whose chosen rate (:func:`choose`, over all its tasks) is its smallest or largest,
+    the task one grid step further (:func:`~bpfree.bench.rate_grid.rate_past_edge`, in the
+    grid's own units: LSB per step for INT8 BP without QAS) at the next position, unless
+    ``most`` rates were already added on that side. Returns ``{key: (kind, kwargs)}``.
+    """
+    sweeps: dict = {}
+    for key, task in tasks.items():
+        if key[0] in SWEEP_KINDS:
+            sweeps.setdefault(key[:-1], {})[key[-1]] = task
+    out = {}
+    for name, parts in sweeps.items():
+        if 0 not in parts or not all((*name, pos) in results for pos in parts):
+            continue  # unfinished (or, in a partial report, not reported)
+        kind, base = parts[0]
+        grid = getattr(protocol, grid_of(kind, base))
+        values = {pos: grid[pos] if 0 <= pos < len(grid) else task[1]["rates"][0]
+                  for pos, task in parts.items()}
+        runs = {pos: results[(*name, pos)] for pos in parts}
+        chosen = choose(list(runs.values()))["chosen"]
+        pos = next(p for p, r in runs.items() if r["lr"] == chosen)
+        rate = rate_past_edge(values.values(), values[pos], digits=3)
+        if rate is None:
+            continue
+        top = values[pos] == max(values.values())
+        if sum(p >= len(grid) if top else p < 0 for p in parts) >= most:
+            continue
+        kwargs = {k: v for k, v in base.items() if k != "grid_index"}
+        out[(*name, max(parts) + 1 if top else min(parts) - 1)] = (kind, {**kwargs,
+                                                                      "rates": (rate,)})
     return out
 
 
@@ -268,27 +329,25 @@ def task_select(qmodel, train, protocol: Protocol) -> dict:
 
 
 def task_bp(method: str, float_model, qmodel, train, test, protocol: Protocol,
-            block: list[str] | None = None, grid_index: int | None = None) -> dict:
-    """One BP baseline, its rate chosen on the validation part."""
+            block: list[str] | None = None, grid_index: int | None = None,
+            rates: tuple[float, ...] | None = None) -> dict:
+    """One BP baseline, its rate chosen on the validation part. ``rates``: train these
+    instead of the protocol's grid (in its units: LSB per step without QAS; a sweep widened
+    past its edge, :func:`widening_tasks`)."""
     tr, va = split(train, protocol)
     extra: dict = {}
     if method == "fp32-bp":
         def make():
             f = copy.deepcopy(float_model)
             return FullTrainFP32(f), f
-        rates = protocol.bp_lrs
+        grid = protocol.bp_lrs
     elif method in ("int8-bp", "int8-bp-noqas"):
         qas = method == "int8-bp"
 
         def make():
             q = copy.deepcopy(qmodel)
             return FullTrainINT8(q, qas=qas), q
-        if qas:
-            rates = protocol.bp_lrs
-        else:
-            rates, rms = noqas_rates(qmodel, tr[0][:protocol.batch_size],
-                                     tr[1][:protocol.batch_size], protocol.noqas_lsb)
-            extra = {"gradient_rms_integer_units": rms, "lsb_grid": list(protocol.noqas_lsb)}
+        grid = protocol.bp_lrs if qas else protocol.noqas_lsb
     elif method == "int8-sparse-bp":
         if not block:
             raise ValueError("int8-sparse-bp needs the block to train")
@@ -298,22 +357,31 @@ def task_bp(method: str, float_model, qmodel, train, test, protocol: Protocol,
             # MCUTrain's own update (tiny-training's SGDScale): an unrounded copy of the
             # trained weights, rounded only into the int8 model, as bench mcunet's row does.
             return SparseBP(q, trainable=block, qas=True, latent_weights=True), q
-        rates = protocol.bp_lrs
+        grid = protocol.bp_lrs
         extra = {"block_layers": list(block), "latent_weights": True}
     else:
         raise ValueError(f"unknown BP method {method!r}; choose from {BP_METHODS}")
-    out = sweep(make, tr, va, test, epochs=protocol.bp_epochs, rates=rates, protocol=protocol,
+    grid = grid if rates is None else rates
+    if method == "int8-bp-noqas":
+        lsb = grid
+        grid, rms = noqas_rates(qmodel, tr[0][:protocol.batch_size],
+                                tr[1][:protocol.batch_size], tuple(lsb))
+        extra = {"gradient_rms_integer_units": rms,
+                 ("lsb_grid" if rates is None else "lsb_past_edge"): list(lsb)}
+    out = sweep(make, tr, va, test, epochs=protocol.bp_epochs, rates=grid, protocol=protocol,
                 grid_index=grid_index)
     out.update(extra)
     return out
 
 
 def task_pmt(qmodel, train, test, protocol: Protocol, block: list[str] | None = None,
-             grid_index: int | None = None) -> dict:
-    """PMT on one block (sparse, Table 4 / 7) or on every layer (``block=None``, dense)."""
+             grid_index: int | None = None, rates: tuple[float, ...] | None = None) -> dict:
+    """PMT on one block (sparse, Table 4 / 7) or on every layer (``block=None``, dense).
+    ``rates``: instead of ``protocol.zo_lrs`` (:func:`widening_tasks`)."""
     tr, va = split(train, protocol)
     make = _pmt_maker(qmodel, tr[0][:2], protocol, trainable=block)
-    out = sweep(make, tr, va, test, epochs=protocol.zo_epochs, rates=protocol.zo_lrs,
+    out = sweep(make, tr, va, test, epochs=protocol.zo_epochs,
+                rates=protocol.zo_lrs if rates is None else rates,
                 protocol=protocol, grid_index=grid_index)
     out["layers"] = len(block) if block else len(
         PMTTrainer(qmodel, PMTConfig(), example=tr[0][:2]).layers)
@@ -326,9 +394,10 @@ def pmt_forwards(num_layers: int, protocol: Protocol, n_train: int) -> int:
 
 
 def task_mezo(qmodel, train, test, protocol: Protocol, budget_layers: int,
-              grid_index: int | None = None) -> dict:
+              grid_index: int | None = None, rates: tuple[float, ...] | None = None) -> dict:
     """MeZO (model-wise WP on every layer, GNS + QAS) at PMT's forward budget on a block of
-    ``budget_layers`` layers (Table 5): the same per-sample forwards, N (1 + L Q) per step."""
+    ``budget_layers`` layers (Table 5): the same per-sample forwards, N (1 + L Q) per step.
+    ``rates``: instead of ``protocol.zo_lrs`` (:func:`widening_tasks`)."""
     tr, va = split(train, protocol)
     budget = pmt_forwards(budget_layers, protocol, tr[0].shape[0])
     epochs = max(1, round(budget / (2 * tr[0].shape[0])))
@@ -337,25 +406,29 @@ def task_mezo(qmodel, train, test, protocol: Protocol, budget_layers: int,
         q = copy.deepcopy(qmodel)
         return MeZO(q, tr[0][:2], queries=1, seed=protocol.seed, gns=True, qas=True,
                     monitor=False), q
-    out = sweep(make, tr, va, test, epochs=epochs, rates=protocol.zo_lrs, protocol=protocol,
+    out = sweep(make, tr, va, test, epochs=epochs,
+                rates=protocol.zo_lrs if rates is None else rates, protocol=protocol,
                 grid_index=grid_index)
     out.update(epochs=epochs, budget=budget)
     return out
 
 
 def task_deepzero(qmodel, train, test, protocol: Protocol, budget_layers: int,
-                  grid_index: int | None = None) -> dict:
+                  grid_index: int | None = None,
+                  rates: tuple[float, ...] | None = None) -> dict:
     """DeepZero CGE with random sparsity on every layer: ``L * Q`` coordinates per step, i.e.
     PMT's forwards per step on a block of ``budget_layers`` layers. The paper's DeepZero row
     ran coordinate-wise estimation at 49,457 forwards per iteration (Table 5: 2.47e9 in all,
-    100x PMT's); at PMT's budget each step estimates ``L * Q`` random coordinates instead."""
+    100x PMT's); at PMT's budget each step estimates ``L * Q`` random coordinates instead.
+    ``rates``: instead of ``protocol.zo_lrs`` (:func:`widening_tasks`)."""
     tr, va = split(train, protocol)
     k = budget_layers * protocol.queries
 
     def make():
         q = copy.deepcopy(qmodel)
         return DeepZeroCGE(q, tr[0][:2], coordinates=k, seed=protocol.seed, qas=True), q
-    out = sweep(make, tr, va, test, epochs=protocol.zo_epochs, rates=protocol.zo_lrs,
+    out = sweep(make, tr, va, test, epochs=protocol.zo_epochs,
+                rates=protocol.zo_lrs if rates is None else rates,
                 protocol=protocol, grid_index=grid_index)
     out["coordinates_per_step"] = k
     return out

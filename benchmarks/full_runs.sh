@@ -14,7 +14,9 @@
 # copy them into results/ of a clean checkout and run `bpfree docs --reledger`.
 #
 # Environment: BPFREE_RUNS (default ~/bpfree-runs: worktrees/REV, cache/REV, logs, done/),
-# BPFREE_DATA (the datasets), PYTHON (default: this checkout's .venv/bin/python).
+# BPFREE_DATA (the datasets), PYTHON (default: this checkout's .venv/bin/python),
+# BPFREE_TASK_CACHE_REUSE (an earlier revision whose results in cache/REV stand in for this
+# revision's: a run going on at a newer revision; benchmarks/README.md).
 set -euo pipefail
 
 usage() {

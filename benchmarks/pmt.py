@@ -29,7 +29,8 @@ import torch
 
 from bpfree.bench.claims import claim, mean_se, order, tolerance
 from bpfree.bench.parallel import default_workers, pool_device, run_keyed
-from bpfree.bench.task_cache import REPORT_ENV, from_environment as task_cache
+from bpfree.bench.task_cache import REPORT_ENV, REUSE_ENV, from_environment as task_cache
+from bpfree.bench.task_cache import same_result
 from bpfree.plotting import pyplot, save_figure
 
 NAME = "pmt"
@@ -213,10 +214,9 @@ def _ablation_configs(q: int, layers: int):
 def _merge_grid(results: dict, grid_size: int | None = None) -> dict:
     """Join the per-rate tasks ``(kind, ..., grid index)`` of each sweep (the training kinds);
     ``grid_size``: leave out sweeps with fewer finished rates (a partial report)."""
-    from _pmt_experiment import merge_grid
+    from _pmt_experiment import SWEEP_KINDS, merge_grid
 
-    return merge_grid(results, lambda key: key[0] in ("bp", "pmt", "pmt-dense", "mezo",
-                                                       "deepzero"), grid_size)
+    return merge_grid(results, lambda key: key[0] in SWEEP_KINDS, grid_size)
 
 
 def plan_family(key: tuple) -> str | None:
@@ -299,6 +299,35 @@ def _partial_state(cache, tasks, results, workers: int, quick: bool) -> dict | N
                            plan, cache.salt)
 
 
+#: Results recomputed when they came from an earlier revision ($BPFREE_TASK_CACHE_REUSE), to
+#: show that this revision computes the same bits: cheap, and both through the integer
+#: engine (the selection trains PMT one epoch on every block; INT8 BP, with and without QAS,
+#: 50 epochs each).
+REUSE_CHECKS = (("select", "gaussian_noise"), ("bp", "gaussian_noise", "int8-bp", 0),
+                ("bp", "gaussian_noise", "int8-bp-noqas", 0))
+
+
+def _check_reuse(cache, fn, tasks: dict, results: dict) -> list[str]:
+    """Recompute each key of :data:`REUSE_CHECKS` among ``tasks`` whose result came from an
+    earlier revision, and raise RuntimeError unless it is the same (timings aside); the
+    keys checked. A report (which trains nothing) checks nothing."""
+    checked: list[str] = []
+    for key in REUSE_CHECKS:
+        if cache is None or cache.report_only or key not in tasks or key not in results:
+            continue
+        earlier = cache.origin.get(cache.path(fn, tasks[key]))
+        if earlier is None:
+            continue
+        differences = same_result(fn(tasks[key]), results[key])
+        if differences:
+            raise RuntimeError(
+                f"${REUSE_ENV}: task {key} as revision {earlier} stored it differs from what "
+                f"revision {cache.salt} computes ({'; '.join(differences[:5])}); its results "
+                f"cannot be reused: unset ${REUSE_ENV} and run this revision's tasks")
+        checked.append("/".join(map(str, key)))
+    return checked
+
+
 def _mean(values):
     values = list(values)
     return statistics.mean(values) if values else float("nan")
@@ -339,7 +368,7 @@ def run(quick: bool):
     from bpfree.harness import accuracy
     from bpfree.pmt import find_layers
     from bpfree.pmt.diagnostic import plot_cosines
-    from _pmt_experiment import blocks_of, run_task
+    from _pmt_experiment import MOST_PAST_EDGE, blocks_of, run_task, widening_tasks
 
     t_start = time.perf_counter()
     torch.set_num_threads(default_workers())
@@ -381,6 +410,7 @@ def run(quick: bool):
         phase1[("select", c)] = ("select", dict(qmodel=qmodel, train=train, protocol=P))
         phase1[("no-adaptation", c)] = ("no-adaptation", dict(qmodel=qmodel, test=test))
     results = run_keyed(run_task, phase1, workers, progress="pmt selection", cache=cache)
+    reuse_checked = _check_reuse(cache, run_task, phase1, results)
     chosen = {c: results[("select", c)]["chosen"] for c in CORRUPTIONS}
     budget_layers = len(blocks[chosen["gaussian_noise"] - 1])
 
@@ -433,9 +463,25 @@ def run(quick: bool):
         return (1 if kind in ("bp", "mezo", "deepzero", "pmt-dense") else 3, kind != "mezo",
                 0)
 
+    # Two groups, each followed by its widening rounds: a sweep whose choice sits on an edge
+    # of its grid gets the next rate past it (_pmt_experiment.widening_tasks), so Table 7 /
+    # 5's grids are widened before Table 4's other blocks and Fig. 5 / 7 start.
     order = sorted(tasks, key=priority)
-    results.update(run_keyed(run_task, tasks, workers, order=order, progress="pmt tasks",
-                             cache=cache, partial=True))
+    for first in (True, False):
+        group = [k for k in order if (priority(k)[0] <= 1) == first]
+        results.update(run_keyed(run_task, {k: tasks[k] for k in group}, workers, order=group,
+                                 progress="pmt tasks" if first else "pmt tasks (Table 4, Fig. "
+                                 "5 / 7)", cache=cache, partial=True))
+        for _ in range(MOST_PAST_EDGE):
+            wider = {k: t for k, t in widening_tasks(results, tasks, P).items()
+                     if k not in tasks}
+            if not wider:
+                break
+            tasks.update(wider)
+            results.update(run_keyed(run_task, wider, workers, order=sorted(wider, key=priority),
+                                     progress="pmt rates past a grid edge", cache=cache,
+                                     partial=True))
+    reuse_checked += _check_reuse(cache, run_task, tasks, results)
     partial = _partial_state(cache, tasks, results, workers, quick)
     # One grid size for every sweep: Protocol refuses grids of unequal lengths.
     results = _merge_grid(results, grid_size=len(P.zo_lrs) if partial else None)
@@ -552,6 +598,12 @@ def run(quick: bool):
                 "std over seeds", spread)
 
     # ---- Rates, grid edges, weights changed and forwards
+    added: dict[tuple, list[float]] = {}  # sweep -> the rates added past its grid's edges
+    for key, (_, kwargs) in tasks.items():
+        if "rates" in kwargs:
+            added.setdefault(key[:-1], []).extend(kwargs["rates"])
+    sweep_of = lambda m, c: (("pmt", c, chosen[c]) if m == "pmt-sparse"  # noqa: E731
+                             else (m,) if m in ("mezo", "deepzero") else ("bp", c, m))
     for m in ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "pmt-sparse"):
         for c in CORRUPTIONS:
             if c not in res_of[m]:
@@ -560,6 +612,8 @@ def run(quick: bool):
             row(TABLE_RATES, LABELS[m], c.replace("_", " "), "chosen rate", r["chosen"])
             row(TABLE_RATES, LABELS[m], c.replace("_", " "), "chosen rate at a grid edge",
                 float(bool(r.get("grid_edge"))))
+            row(TABLE_RATES, LABELS[m], c.replace("_", " "), "rates added past a grid edge",
+                len(added.get(sweep_of(m, c), ())))
             row(TABLE_RATES, LABELS[m], c.replace("_", " "), "values changed",
                 r["changed_values"])
             row(TABLE_RATES, LABELS[m], c.replace("_", " "), "forwards (per sample)",
@@ -571,13 +625,15 @@ def run(quick: bool):
         row(TABLE_RATES, LABELS[m], "gaussian noise", "chosen rate", r["chosen"])
         row(TABLE_RATES, LABELS[m], "gaussian noise", "chosen rate at a grid edge",
             float(bool(r.get("grid_edge"))))
+        row(TABLE_RATES, LABELS[m], "gaussian noise", "rates added past a grid edge",
+            len(added.get(sweep_of(m, "gaussian_noise"), ())))
 
     edges = {m: {c: bool(r.get("grid_edge")) for c, r in res_of[m].items()} for m in res_of}
     for m in ("mezo", "deepzero"):
         if m in budget_rows:
             edges[m] = {"gaussian_noise": bool(budget_rows[m].get("grid_edge"))}
     claims = ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
-                    pending=pending, edges=edges)
+                    pending=pending, edges=edges, widened=MOST_PAST_EDGE)
 
     mode = "quick" if quick else "full"
     curves = lambda keys: {k: (curves_of[k]["curve_forwards"], curves_of[k]["loss"])  # noqa: E731
@@ -631,6 +687,12 @@ def run(quick: bool):
         "ablations": abl,
         "workers": workers,
         "resumed_runs": cache.hits if cache is not None else 0,
+        # Grids widened past the edge their choice sat on (_pmt_experiment.widening_tasks).
+        "widening": {"most_past_edge": MOST_PAST_EDGE,
+                     "added": {"/".join(map(str, k)): v for k, v in added.items()}},
+        **({"reuse": {"revision": cache.salt, "reused_runs": dict(cache.reused),
+                      "recomputed_identical": reuse_checked}}
+           if cache is not None and cache.reused else {}),
         "budget_layers": budget_layers,
         "device": pool_device(workers),
         "task_seconds": {"/".join(map(str, k)): v.get("task_seconds") for k, v in
@@ -642,6 +704,13 @@ def run(quick: bool):
                f"finished; a sweep with an unfinished rate, and a mean over an unfinished "
                f"column, are left out, and their claims read not measured. "
                f"{partial['progress']}."] if partial else []),
+            *([f"{sum(cache.reused.values())} training runs come from the run of revision(s) "
+               f"{', '.join(cache.reused)} ({REUSE_ENV}); the rest were trained at "
+               f"{cache.salt}" + (f"; recomputed at {cache.salt} with the same bits: "
+                                  f"{', '.join(reuse_checked)}" if reuse_checked else "")]
+              if cache is not None and cache.reused else []),
+            f"validation choices at a grid edge were widened by up to {MOST_PAST_EDGE} rates "
+            "past that edge, at the grid's ratio, for every method alike (extra.widening)",
             f"pretrained float model: {float_acc:.2f}% clean test accuracy; after PTQ to "
             f"INT8: {int8_acc:.2f}%",
             "corruption strengths calibrated on the 1000 training images so that the INT8 "
@@ -727,7 +796,7 @@ def ledger_from_result(document: dict) -> list[dict]:
     protocol = SimpleNamespace(**extra["protocol"])
     return ledger(acc, group_means, budget_rows, abl, cos_mean, extra["calibration"],
                   protocol, document["quick"], pending=(extra.get("partial") or {}).get("reason"),
-                  edges=edges)
+                  edges=edges, widened=(extra.get("widening") or {}).get("most_past_edge"))
 
 
 #: What a claim catches when the rows it needs are missing (a partial report of a run in
@@ -736,7 +805,8 @@ _MISSING = (KeyError, StopIteration)
 
 
 def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
-           pending: str | None = None, edges: dict | None = None) -> list[dict]:
+           pending: str | None = None, edges: dict | None = None,
+           widened: int | None = None) -> list[dict]:
     """The claim ledger: each verdict is computed from this run's numbers. ``abl``: each Fig. 7
     configuration's :func:`ablation_summary` (``loss_se`` None: not recorded).
 
@@ -745,7 +815,9 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
     reads "not measured", with ``pending`` as its reason, rather than being decided on part
     of its columns. ``edges``: method -> {column: whether its chosen rate sits at an edge
     of its grid} (the rows ``chosen rate at a grid edge``); a comparison whose sides chose
-    an edge rate says so in its note, since a wider grid could move either side."""
+    an edge rate says so in its note, since a wider grid could move either side.
+    ``widened``: how many rates past an edge the run's grids could add (``None``: a run
+    from before grids were widened)."""
     paper_budget = P.queries >= 100 and P.zo_epochs >= 50 and P.bp_epochs >= 50
     below = "" if paper_budget else (
         f" Below the paper's budget: Q={P.queries} (paper 100), {P.zo_epochs} BP-free epochs "
@@ -769,14 +841,17 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
 
     def with_edges(note: str | None, methods, columns) -> str | None:
         """``note`` and, where any of ``methods`` chose an edge rate in ``columns``, how
-        often (this run's grids were not widened: issue 30 asks for it)."""
+        often (after widening by up to ``widened`` rates, or in a run that did not widen)."""
         counts = [(m, sum(bool((edges or {}).get(m, {}).get(c)) for c in columns))
                   for m in methods]
         counts = [(m, k) for m, k in counts if k]
         if not counts:
             return note
-        text = ("chosen rate at a grid edge (the grid was not widened in this run, so a wider "
-                "one could move either side): " + ", ".join(
+        why = ("the grid was not widened in this run" if not widened else
+               f"still, after widening the grid by up to {widened} rates past that edge"
+               + (", or with the widening still to run" if pending else ""))
+        text = (f"chosen rate at a grid edge ({why}, so a wider one could move either "
+                "side): " + ", ".join(
                     f"{SHORT.get(m, m)} {k}/{len(columns)} columns" for m, k in counts))
         return f"{note} {text}" if note else text
 

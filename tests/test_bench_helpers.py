@@ -329,3 +329,86 @@ def test_memoized_runs_a_task_once_per_revision(tmp_path):
     memoized(TaskCache(tmp_path, salt="rev2"), train, task, lambda: train(task))
     memoized(None, train, task, lambda: train(task))
     assert calls == [task, ("ZO", 4), task, task]
+
+
+def test_a_run_goes_on_at_a_newer_revision_reusing_an_ancestors_results(tmp_path,
+                                                                        monkeypatch):
+    """$BPFREE_TASK_CACHE_REUSE=REV: a task this revision has no result for takes REV's, and
+    only the rest is trained, under this revision's keys; each reused result's origin is
+    recorded. REV must be an ancestor, and excludes a report."""
+    import subprocess
+
+    from bpfree.bench import task_cache
+    from bpfree.bench.task_cache import TaskCache
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    revs = []
+    for text in ("x = 1\n", "x = 2\n"):
+        (repo / "code.py").write_text(text)
+        subprocess.run(git + ["add", "code.py"], check=True)
+        subprocess.run(git + ["commit", "-qm", text], check=True)
+        revs.append(subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True, check=True).stdout.strip())
+    folder = tmp_path / "cache"
+    calls = []
+
+    def train(task):
+        calls.append(task)
+        return len(task)
+
+    run_keyed(train, {"a": "x"}, workers=1, cache=TaskCache(folder, salt=revs[0]))
+    monkeypatch.setenv(task_cache.ENV, str(folder))
+    monkeypatch.setenv(task_cache.REUSE_ENV, revs[0])
+    cache = task_cache.from_environment(repo)
+    assert cache.salt == revs[1] and cache.reuse == (revs[0],) and not cache.report_only
+    calls.clear()
+    assert run_keyed(train, {"a": "x", "b": "yy"}, workers=1, cache=cache) == {"a": 1, "b": 2}
+    assert calls == ["yy"] and cache.reused == {revs[0]: 1}
+    assert cache.origin == {cache.path(train, "x"): revs[0]}
+    assert cache.path(train, "yy").is_file()  # new work is kept under the new revision
+    assert not cache.path(train, "x").exists()  # and the old result is not copied
+    # naming the checkout's own revision reuses nothing extra
+    monkeypatch.setenv(task_cache.REUSE_ENV, "HEAD")
+    assert task_cache.from_environment(repo).reuse == ()
+    # a later revision, or a revision that is not a commit: refused
+    subprocess.run(git + ["checkout", "-q", revs[0]], check=True)
+    monkeypatch.setenv(task_cache.REUSE_ENV, revs[1])
+    with pytest.raises(ValueError, match="is not an ancestor"):
+        task_cache.from_environment(repo)
+    monkeypatch.setenv(task_cache.REUSE_ENV, "no-such-rev")
+    with pytest.raises(ValueError, match="REUSE='no-such-rev' is not a commit"):
+        task_cache.from_environment(repo)
+    # a partial report of the newer revision's run reads both revisions' results
+    subprocess.run(git + ["checkout", "-q", revs[1]], check=True)
+    monkeypatch.setenv(task_cache.REUSE_ENV, revs[0])
+    monkeypatch.setenv(task_cache.REPORT_ENV, revs[1])
+    report = task_cache.from_environment(repo)
+    assert report.report_only and report.salt == revs[1] and report.reuse == (revs[0],)
+    calls.clear()
+    assert run_keyed(train, {"a": "x", "b": "yy", "c": "zzz"}, workers=1, cache=report,
+                     partial=True) == {"a": 1, "b": 2}
+    assert calls == [] and report.reused == {revs[0]: 1} and report.missing == 1
+    monkeypatch.delenv(task_cache.ENV)
+    monkeypatch.delenv(task_cache.REPORT_ENV)
+    with pytest.raises(ValueError, match="REUSE is set but"):
+        task_cache.from_environment(repo)
+
+
+def test_same_result_names_every_difference_but_timings():
+    import torch
+
+    from bpfree.bench.task_cache import same_result
+
+    a = {"accuracy": 91.5, "runs": [{"lr": 0.1, "loss": [2.0, 1.0]}], "seconds": 3.0,
+         "w": torch.tensor([1, 2], dtype=torch.int8), "nan": float("nan"), "task_seconds": 1}
+    assert same_result(a, {**a, "seconds": 9.0, "task_seconds": 2}) == []
+    b = {**a, "runs": [{"lr": 0.1, "loss": [2.0, 1.5]}], "w": torch.tensor([1, 3],
+                                                                          dtype=torch.int8)}
+    assert same_result(a, b) == ["result['runs'][0]['loss'][1]: 1.0 != 1.5",
+                                 "result['w']: tensors differ"]
+    assert same_result(a, {**a, "extra": 1}) == ["result['extra'] only in the second"]
+    assert same_result([1, 2], [1]) == ["result: lengths 2 and 1"]
+    assert same_result(1, 1.0) == ["result: 1 != 1.0"]  # a type change is a difference

@@ -329,3 +329,10 @@ def test_pmt_comparisons_say_which_side_chose_a_rate_at_its_grid_edge(pmt):
     assert "PMT sparse" not in note.split("grid edge")[1]
     assert "grid edge" not in (claims["pmt-beats-mezo"].get("note") or "")
     assert "grid edge" not in (claims["bpfree-near-fp32"].get("note") or "")
+    assert "was not widened in this run" in note  # a file from before grids were widened
+    doc["extra"]["widening"] = {"most_past_edge": 2, "added": {}}
+    doc["extra"].pop("partial", None)
+    widened = {c["id"]: c for c in pmt.ledger_from_result(doc)}
+    note = widened["bpfree-beats-mcutrain-noise"].get("note") or ""
+    assert "still, after widening the grid by up to 2 rates past that edge" in note
+    assert "widening still to run" not in note

@@ -274,3 +274,65 @@ def test_merge_grid_joins_only_the_sweep_parts(monkeypatch):
          (0, "fog", "select"): {"chosen": 1}})
     assert seeds[(0, "fog", "pmt-sparse")]["chosen"] == 0.3 and (0, "fog", "select") in seeds
     assert ex.merge_grid({}, lambda key: True) == {}
+
+
+def test_widening_adds_one_rate_past_the_edge_a_sweep_chose(monkeypatch):
+    """A sweep that chose its grid's largest (smallest) rate gets the next rate past it at the
+    grid's own ratio, at the next position; an inside choice, an unfinished sweep, or one that
+    has added MOST_PAST_EDGE rates on that side gets none; merged, the parts choose over the
+    widened grid with the base grid's extras."""
+    import _pmt_experiment as ex
+
+    P = Protocol(zo_lrs=(0.01, 0.03, 0.1, 0.3), bp_lrs=(1e-3, 3e-3, 1e-2, 3e-2),
+                 noqas_lsb=(0.25, 0.5, 2.0, 8.0))
+    part = lambda lr, val: {"lr": lr, "validation_accuracy": val, "accuracy": val,  # noqa: E731
+                            "diverged": False, "changed_values": 1, "forwards": 3}
+    tasks, results = {}, {}
+    for i, (zo, bp) in enumerate(zip(P.zo_lrs, P.bp_lrs)):
+        tasks[("pmt", "fog", 3, i)] = ("pmt", {"block": ["a"], "grid_index": i})
+        tasks[("bp", "fog", "fp32-bp", i)] = ("bp", {"method": "fp32-bp", "grid_index": i})
+        tasks[("bp", "fog", "int8-sparse-bp", i)] = ("bp", {"method": "int8-sparse-bp",
+                                                            "grid_index": i})
+        results[("pmt", "fog", 3, i)] = part(zo, 50.0 + i)  # top edge
+        results[("bp", "fog", "fp32-bp", i)] = part(bp, 50.0 - i)  # bottom edge
+        results[("bp", "fog", "int8-sparse-bp", i)] = part(bp, 60.0 if i == 1 else 50.0)
+    tasks[("deepzero", 0)] = ("deepzero", {"grid_index": 0})  # unfinished: nothing yet
+    tasks[("select", "fog")] = ("select", {})  # not a sweep
+    wider = ex.widening_tasks(results, tasks, P)
+    assert wider == {("pmt", "fog", 3, 4): ("pmt", {"block": ["a"], "rates": (0.9,)}),
+                     ("bp", "fog", "fp32-bp", -1): ("bp", {"method": "fp32-bp",
+                                                           "rates": (0.000333,)})}
+    tasks.update(wider)
+    results[("pmt", "fog", 3, 4)] = part(0.9, 99.0)  # still the best: one more, then the cap
+    results[("bp", "fog", "fp32-bp", -1)] = part(0.000333, 10.0)  # worse: bracketed
+    again = ex.widening_tasks(results, tasks, P)
+    assert again == {("pmt", "fog", 3, 5): ("pmt", {"block": ["a"], "rates": (2.7,)})}
+    tasks.update(again)
+    results[("pmt", "fog", 3, 5)] = part(2.7, 99.5)
+    assert ex.widening_tasks(results, tasks, P) == {}  # two past the top: the cap
+    assert ex.widening_tasks(results, tasks, P, most=3) == {
+        ("pmt", "fog", 3, 6): ("pmt", {"block": ["a"], "rates": (8.1,)})}
+    merged = ex.merge_grid(results, lambda key: key[0] in ex.SWEEP_KINDS)
+    assert merged[("pmt", "fog", 3)]["chosen"] == 2.7 and merged[("pmt", "fog", 3)]["grid_edge"]
+    bp = merged[("bp", "fog", "fp32-bp")]
+    assert bp["chosen"] == 1e-3 and not bp["grid_edge"] and len(bp["runs"]) == 5
+    # INT8 BP without QAS widens its LSB grid, not its rates
+    noqas = {("bp", "fog", "int8-bp-noqas", i): ("bp", {"method": "int8-bp-noqas",
+                                                        "grid_index": i}) for i in range(4)}
+    noqas_results = {k: part(lsb / 7.0, 80.0 + i) for i, (k, lsb) in
+                     enumerate(zip(noqas, P.noqas_lsb))}
+    assert ex.widening_tasks(noqas_results, noqas, P) == {
+        ("bp", "fog", "int8-bp-noqas", 4): ("bp", {"method": "int8-bp-noqas",
+                                                   "rates": (32.0,)})}
+
+
+def test_a_widened_int8_bp_without_qas_task_trains_its_lsb_rate(models):
+    """``rates`` past the grid keep the grid's units: LSB per step without QAS."""
+    float_model, qmodel, x, y = models
+    (xt, yt), _ = split((x, y), TINY)
+    base = dict(method="int8-bp-noqas", float_model=float_model, qmodel=qmodel, train=(x, y),
+                test=(x, y), protocol=TINY)
+    out = run_task(("bp", {**base, "rates": (3.0,)}))
+    rates, rms = noqas_rates(qmodel, xt[:TINY.batch_size], yt[:TINY.batch_size], (3.0,))
+    assert out["chosen"] == rates[0] == pytest.approx(3.0 / rms)
+    assert out["lsb_past_edge"] == [3.0] and "lsb_grid" not in out

@@ -85,9 +85,10 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
         raise ValueError("order must list every task key exactly once")
     results = {}
     # Each task's cache file, digested once (the digest hashes the task's data and model).
-    paths = {} if cache is None else {k: cache.path(fn, tasks[k]) for k in keys}
-    for k, path in paths.items():
-        found, value = cache.read(path)
+    # (cache.find: this revision's result, or a reused earlier revision's.)
+    paths = {}
+    for k in keys if cache is not None else ():
+        paths[k], found, value = cache.find(fn, tasks[k])
         if found:
             results[k] = value
     keys = [k for k in keys if k not in results]

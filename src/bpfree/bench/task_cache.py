@@ -25,6 +25,15 @@ revision ``REV`` (the run still in progress), trains nothing, and reports what f
 ``partial=True``). The report's own code may be newer than ``REV``; a task whose definition
 changed since has another key, so it reads as unfinished, never as a wrong result.
 
+A run can also go on at a newer revision from what an earlier one finished: with
+``BPFREE_TASK_CACHE_REUSE=REV`` (an ancestor of the checkout), a task this revision has no
+result for is taken from REV's result in the same folder, if there is one
+(:meth:`TaskCache.find`), and only the rest is trained (under this revision's keys). It is
+for a revision whose task code computes the same bits as REV's, e.g. one that adds tasks (a
+widened rate grid) to a run of many hours; :attr:`TaskCache.reused` counts what came from
+each revision, for the benchmark's JSON, and a benchmark can recompute one reused task to
+show the bits agree (:func:`same_result`).
+
 Results are signed pickles (:mod:`bpfree.signed_pickle`): a file this user's key did not
 sign (a cache folder copied from elsewhere, an altered file) is never unpickled; it counts
 as missing and the task runs again.
@@ -50,13 +59,16 @@ from ..checkpoint.resume import FitSnapshots, active
 from ..io import atomic_write_bytes
 from .environment import git_state
 
-__all__ = ["ENV", "REPORT_ENV", "PartialRunError", "TaskCache", "from_environment", "memoized", "run_resumable", "snapshots_of", "task_digest"]
+__all__ = ["ENV", "REPORT_ENV", "REUSE_ENV", "same_result", "PartialRunError", "TaskCache", "from_environment", "memoized", "run_resumable", "snapshots_of", "task_digest"]
 
 #: The environment variable that names the cache folder (unset or empty: no cache).
 ENV = "BPFREE_TASK_CACHE"
 #: Set to a committed revision: report what the cache holds for that revision's run and
 #: train nothing (a partial report of a run still in progress).
 REPORT_ENV = "BPFREE_TASK_CACHE_REPORT"
+#: Committed ancestor revisions (comma-separated) whose results this run takes where it has
+#: none of its own: a long run continued at a newer revision.
+REUSE_ENV = "BPFREE_TASK_CACHE_REUSE"
 
 
 class PartialRunError(RuntimeError):
@@ -68,9 +80,12 @@ class PartialRunError(RuntimeError):
 class TaskCache:
     """Results of finished tasks under ``directory``, valid for code revision ``salt``.
 
-    ``hits`` counts the results :meth:`load` found (what a benchmark reports as resumed).
+    ``hits`` counts the results :meth:`read` found (what a benchmark reports as resumed).
     ``report_only``: tasks the cache lacks are not run (``$BPFREE_TASK_CACHE_REPORT``);
     ``missing`` counts the keys :func:`~bpfree.bench.parallel.run_keyed` left out for it.
+    ``reuse``: earlier revisions whose results :meth:`find` takes where ``salt`` has none
+    (``$BPFREE_TASK_CACHE_REUSE``); ``reused`` counts them per revision, and ``origin``
+    maps each such result's own path (:meth:`path`) to the revision it came from.
     """
 
     directory: Path
@@ -78,18 +93,42 @@ class TaskCache:
     hits: int = field(default=0)
     report_only: bool = field(default=False)
     missing: int = field(default=0)
+    reuse: tuple[str, ...] = field(default=())
+    reused: dict[str, int] = field(default_factory=dict)
+    origin: dict[Path, str] = field(default_factory=dict)
 
-    def path(self, fn: Callable, task: Any) -> Path:
+    def path(self, fn: Callable, task: Any, *, salt: str | None = None,
+             digest: str | None = None) -> Path:
+        """The file of ``fn(task)``'s result at revision ``salt`` (default: this cache's);
+        ``digest``: the task's :func:`task_digest`, when the caller has it."""
         name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
-        digest = hashlib.sha256()
-        for part in (self.salt.encode(), name.encode(), task_digest(task).encode()):
-            digest.update(len(part).to_bytes(8, "little") + part)
-        return self.directory / f"{digest.hexdigest()}.pkl"
+        digest = task_digest(task) if digest is None else digest
+        h = hashlib.sha256()
+        for part in ((self.salt if salt is None else salt).encode(), name.encode(),
+                     digest.encode()):
+            h.update(len(part).to_bytes(8, "little") + part)
+        return self.directory / f"{h.hexdigest()}.pkl"
+
+    def find(self, fn: Callable, task: Any) -> tuple[Path, bool, Any]:
+        """``(path, found, result)``: ``path`` where this revision keeps ``fn(task)``, and
+        its result from there or else from the first :attr:`reuse` revision that has one."""
+        digest = task_digest(task)
+        own = self.path(fn, task, digest=digest)
+        found, value = self.read(own)
+        if found:
+            return own, True, value
+        for earlier in self.reuse:
+            found, value = self.read(self.path(fn, task, salt=earlier, digest=digest))
+            if found:
+                self.reused[earlier] = self.reused.get(earlier, 0) + 1
+                self.origin[own] = earlier
+                return own, True, value
+        return own, False, None
 
     def load(self, fn: Callable, task: Any) -> tuple[bool, Any]:
-        """``(True, result)`` when ``fn(task)`` finished before at this revision, else
-        ``(False, None)``. An unreadable file (cut off, corrupt) counts as missing."""
-        return self.read(self.path(fn, task))
+        """``(True, result)`` when ``fn(task)`` finished before (:meth:`find`), else
+        ``(False, None)``."""
+        return self.find(fn, task)[1:]
 
     def store(self, fn: Callable, task: Any, value: Any) -> None:
         """Keep ``fn(task)``'s result (:meth:`write`)."""
@@ -99,11 +138,9 @@ class TaskCache:
         """The folder of ``fn(task)``'s epoch snapshots (:mod:`bpfree.checkpoint.resume`)."""
         return snapshots_of(self.path(fn, task))
 
-    # The same three on a path from :meth:`path`, for callers that hold it: a task's digest
-    # pickles and hashes the whole task (its data and model), so it is computed once per task.
-
     def read(self, path: Path) -> tuple[bool, Any]:
-        """:meth:`load` of the result stored at ``path``."""
+        """``(True, result)`` for the result stored at ``path``, else ``(False, None)``. An
+        unreadable file (cut off, corrupt, unsigned) counts as missing."""
         try:
             value = signed_pickle.loads(path.read_bytes())  # unsigned or foreign: missing
         except FileNotFoundError:
@@ -178,8 +215,7 @@ def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable
     """
     if cache is None:
         return compute()
-    path = cache.path(fn, task)
-    found, value = cache.read(path)
+    path, found, value = cache.find(fn, task)
     if found:
         return value
     with active(FitSnapshots(snapshots_of(path))):
@@ -193,18 +229,23 @@ def from_environment(checkout: str | os.PathLike | None = None) -> TaskCache | N
     the working directory), or None when the variable is unset or empty.
 
     With ``$BPFREE_TASK_CACHE_REPORT=REV`` also set, the cache is read-only and keyed by
-    ``REV`` instead (:func:`report_revision`): a partial report of REV's run.
+    ``REV`` instead (:func:`report_revision`): a partial report of REV's run. With
+    ``$BPFREE_TASK_CACHE_REUSE=REV[,REV...]``, results those ancestor revisions (of this
+    checkout, or of the reported revision) stored in the folder stand in for missing ones
+    (:meth:`TaskCache.find`).
 
     Raises ValueError outside a git checkout or in a dirty one: a resumed run must be
     traceable to one committed revision; and for a report revision that is not a commit, or
-    a report folder that does not exist.
+    a report folder that does not exist; for a reuse revision that is not an ancestor.
     """
     directory = os.environ.get(ENV, "")
     report = os.environ.get(REPORT_ENV, "")
+    reuse = [r.strip() for r in os.environ.get(REUSE_ENV, "").split(",") if r.strip()]
     if not directory:
-        if report:
-            raise ValueError(f"${REPORT_ENV} is set but ${ENV} is not: name the cache folder "
-                             "of the run to report")
+        for name, value in ((REPORT_ENV, report), (REUSE_ENV, reuse)):
+            if value:
+                raise ValueError(f"${name} is set but ${ENV} is not: name the cache folder "
+                                 "of the run")
         return None
     revision, dirty = git_state(checkout)
     if revision is None or dirty:
@@ -218,12 +259,60 @@ def from_environment(checkout: str | os.PathLike | None = None) -> TaskCache | N
     if report:
         if not path.is_dir():
             raise ValueError(f"${ENV}: {directory!r} does not exist; nothing to report")
-        return TaskCache(path, report_revision(report, checkout), report_only=True)
-    path.mkdir(parents=True, exist_ok=True)
-    return TaskCache(path, revision)
+        revision = report_revision(report, checkout)
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+    earlier = tuple(reuse_revision(r, revision, checkout) for r in reuse)
+    return TaskCache(path, revision, report_only=bool(report),
+                     reuse=tuple(r for r in earlier if r != revision))
 
 
-def report_revision(revision: str, checkout: str | os.PathLike | None = None) -> str:
+def reuse_revision(revision: str, head: str, checkout: str | os.PathLike | None = None) -> str:
+    """``revision`` as cache keys name it, checked to be an ancestor of ``head`` (a run goes
+    on at a newer revision, never an unrelated one); ValueError otherwise."""
+    short = report_revision(revision, checkout, env=REUSE_ENV)
+    try:
+        subprocess.run(["git", "merge-base", "--is-ancestor", short, head],
+                       cwd=Path(checkout) if checkout is not None else None,
+                       capture_output=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        raise ValueError(f"${REUSE_ENV}={revision!r} is not an ancestor of this checkout's "
+                         f"revision {head}: results are reused only from an earlier revision "
+                         "of the same history") from None
+    return short
+
+
+def same_result(a: Any, b: Any, *, ignore: Callable[[str], bool] = lambda key: "seconds" in key,
+                path: str = "result") -> list[str]:
+    """Where two task results differ (empty: the same), comparing dicts, lists, tensors and
+    numbers exactly, and skipping the dict keys ``ignore`` names (default: timings, which
+    no two runs share). For checking that a result reused from an earlier revision is what
+    this revision computes."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=repr):
+            if isinstance(key, str) and ignore(key):
+                continue
+            if key not in a or key not in b:
+                out.append(f"{path}[{key!r}] only in {'the second' if key in b else 'the first'}")
+            else:
+                out += same_result(a[key], b[key], ignore=ignore, path=f"{path}[{key!r}]")
+        return out
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: lengths {len(a)} and {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b))
+                for d in same_result(x, y, ignore=ignore, path=f"{path}[{i}]")]
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return [] if same else [f"{path}: tensors differ"]
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return []  # NaN in both
+    return [] if type(a) is type(b) and a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def report_revision(revision: str, checkout: str | os.PathLike | None = None, *,
+                    env: str = REPORT_ENV) -> str:
     """``revision`` as a run's cache keys name it: the short hash :func:`git_state` gives
     (ValueError when it is not a commit of ``checkout``'s repository)."""
     try:
@@ -232,5 +321,5 @@ def report_revision(revision: str, checkout: str | os.PathLike | None = None) ->
             cwd=Path(checkout) if checkout is not None else None, capture_output=True,
             text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        raise ValueError(f"${REPORT_ENV}={revision!r} is not a commit of this repository "
+        raise ValueError(f"${env}={revision!r} is not a commit of this repository "
                          "(give the revision whose run the cache holds)") from None
