@@ -23,6 +23,10 @@ use, alternating the two in this one process, each the median of its timed steps
 :class:`~bpfree.estimators.CoordinateWise` bookkeeping, which issue 32 also made faster, so
 the ratio understates the gain over the code before it.
 
+On a machine with a CUDA GPU the full mode times the steps there instead, as `bench tt-zo`'s
+full mode would run them (one worker on the GPU): wall seconds with the GPU synchronized
+before and after each step, and projected GPU hours (the tables and rows say which clock).
+
 ``--quick`` times the same tasks with fewer repeats (a smoke run of the script).
 """
 
@@ -82,10 +86,10 @@ def project(per_step: dict, steps_of: dict, switch: int | None) -> dict:
     return hours
 
 
-def wall_hours(hours: dict, seeds: int) -> float:
-    """Wall hours of ``seeds`` seeds of every task on WORKERS workers, perfect packing (no
+def wall_hours(hours: dict, seeds: int, workers: int = WORKERS) -> float:
+    """Wall hours of ``seeds`` seeds of every task on ``workers`` workers, perfect packing (no
     worker idles while a task waits), never below the longest task."""
-    return max(seeds * sum(hours.values()) / WORKERS, max(hours.values()))
+    return max(seeds * sum(hours.values()) / workers, max(hours.values()))
 
 
 def _phases(task: dict) -> list[str]:
@@ -94,21 +98,35 @@ def _phases(task: dict) -> list[str]:
     return [task["method"]]
 
 
+def _clock(device: torch.device):
+    """Seconds for timing steps on ``device``: CPU time on the CPU (robust to other jobs),
+    wall time with the GPU synchronized on CUDA (a step's kernels run asynchronously)."""
+    if device.type != "cuda":
+        return time.process_time
+
+    def synced() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return synced
+
+
 def _time_steps(method, x, y, steps: int, gen, variants: dict | None = None) -> dict:
-    """Variant name -> median CPU seconds of one ``method.step`` over ``steps`` batches after
-    one warm-up step each. ``variants`` maps names to callables that switch ``method`` to that
-    variant; the variants alternate step by step (so a change of the machine's load hits
-    them alike). Default: the method as it is, named ``"step"``."""
+    """Variant name -> median seconds (:func:`_clock` of ``x``'s device) of one
+    ``method.step`` over ``steps`` batches after one warm-up step each. ``variants`` maps
+    names to callables that switch ``method`` to that variant; the variants alternate step by
+    step (so a change of the machine's load hits them alike). Default: the method as it is,
+    named ``"step"``."""
     variants = variants or {"step": lambda: None}
     times: dict = {name: [] for name in variants}
+    clock = _clock(x.device)
     for k in range(steps + 1):
         for name, switch in variants.items():
             switch()
-            idx = torch.randint(0, x.shape[0], (64,), generator=gen)
-            c0 = time.process_time()
+            idx = torch.randint(0, x.shape[0], (64,), generator=gen).to(x.device)
+            c0 = clock()
             method.step(x[idx], y[idx], 1e-3)
             if k:
-                times[name].append(time.process_time() - c0)
+                times[name].append(clock() - c0)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -157,15 +175,21 @@ def run(quick: bool) -> tuple[list[dict], dict]:
 
     torch.set_num_threads(1)
     cfg = tt_zo._settings(False)
-    tasks = tt_zo._tasks(cfg, "cpu", SEED)
+    # Where bench tt-zo's full mode would run: one worker on a CUDA GPU when there is one.
+    cuda = (not quick) and torch.cuda.is_available()
+    device, workers = ("cuda", 1) if cuda else ("cpu", WORKERS)
+    clock = "GPU wall" if cuda else "CPU"
+    tables = {t: t.replace("CPU", "GPU").replace("(1 thread)", "(one GPU, wall clock)")
+              if cuda else t for t in (TABLE, TCGE, PROJ)}
+    tasks = tt_zo._tasks(cfg, device, SEED)
     x, y, *_ = load_data(cfg["n_train"], cfg["n_val"])
     per_epoch = math.ceil(x.shape[0] / 64)
     gen = torch.Generator().manual_seed(SEED)
     rows, per_step, cge_speedup = [], {}, {}
 
     def row(table, method, setting, metric, value):
-        rows.append({"table": table, "method": method, "setting": setting, "metric": metric,
-                     "value": float(value), "paper": None})
+        rows.append({"table": tables[table], "method": method, "setting": setting,
+                     "metric": metric, "value": float(value), "paper": None})
 
     for key, task in tasks.items():
         name = "/".join(key)
@@ -175,7 +199,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             idx = torch.randperm(x.shape[0], generator=g)[:640]
             prune = [(x[idx[i:i + 64]], y[idx[i:i + 64]]) for i in range(0, 640, 64)]
         model = make_model(task["model"], rank=int(task.get("rank", 6)), seed=SEED,
-                           sp_params=task.get("sp_params"), prune_data=prune)
+                           sp_params=task.get("sp_params"), prune_data=prune).to(device)
         method = make_method(task["method"], model, seed=SEED,
                              **dict(task.get("method_kwargs", {})))
         for phase in _phases(task):
@@ -184,15 +208,15 @@ def run(quick: bool) -> tuple[list[dict], dict]:
             heavy = phase == "cge"
             repeats = (1 if heavy else 3) if quick else (5 if heavy else 15)
             variants = cge_variants(method) if heavy else None
-            seconds = _time_steps(method, x, y, repeats, gen, variants)
+            seconds = _time_steps(method, x.to(device), y.to(device), repeats, gen, variants)
             per_step[(name, phase)] = seconds["batched" if variants else "step"]
             row(TABLE, name, f"phase {phase}; {repeats} timed steps (median)",
-                "CPU ms per step", 1e3 * per_step[(name, phase)])
+                f"{clock} ms per step", 1e3 * per_step[(name, phase)])
             if variants:
                 setting = f"{repeats} timed steps each, alternating (median)"
                 for label, value in (("reference path", seconds["reference"]),
                                      ("batched path", seconds["batched"])):
-                    row(TCGE, name, setting, f"CPU ms per CGE step, {label}", 1e3 * value)
+                    row(TCGE, name, setting, f"{clock} ms per CGE step, {label}", 1e3 * value)
                 row(TCGE, name, setting, "speed-up (reference / batched)",
                     seconds["reference"] / seconds["batched"])
                 cge_speedup[name] = seconds["reference"] / seconds["batched"]
@@ -202,8 +226,9 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     full_epochs = int(cfg["chunks"])
     earliest = earliest_switch(int(cfg["hybrid"]["patience"]))
     search = search_hours(per_step, cfg, per_epoch)
-    search_wall = max(sum(search) / WORKERS, max(search)) if search else 0.0
-    extra = {"per_epoch_steps": per_epoch, "workers": WORKERS, "seeds": seeds,
+    search_wall = max(sum(search) / workers, max(search)) if search else 0.0
+    extra = {"per_epoch_steps": per_epoch, "workers": workers, "seeds": seeds,
+             "clock": clock,
              "full_epochs": full_epochs, "paper_epochs": tt_zo.PAPER_EPOCHS,
              "earliest_switch_epoch": earliest, "projection": {},
              "search_cpu_hours": sum(search), "search_wall_hours": search_wall,
@@ -211,7 +236,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
     if search:
         row(PROJ, f"FO-AD lr search ({len(search)} candidates, seed 0)",
             f"{cfg.get('search_methods') or 'every method'}; before the seeds",
-            f"wall hours on {WORKERS} workers (perfect packing)", search_wall)
+            f"wall hours on {workers} workers (perfect packing)", search_wall)
     hybrids = {n for (n, phase) in per_step if phase == "cge" and (n, "sign_rge") in per_step}
     cases = ((f"earliest switch (CGE after {earliest} signRGE epochs)", earliest,
               "earliest_switch"), ("no switch (signRGE throughout)", None, "no_switch"))
@@ -222,28 +247,31 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                 continue            # the same as in the first case
             epochs, spe = steps_of[name]
             row(PROJ, name, f"{epochs} epochs x {spe} steps; hybrid {label}",
-                "CPU hours per seed", h)
-        wall = search_wall + wall_hours(hours, seeds)
+                f"{clock} hours per seed", h)
+        wall = search_wall + wall_hours(hours, seeds, workers)
         setting = f"{full_epochs} epochs; hybrid {label}"
-        row(PROJ, "all tasks, one seed", setting, "CPU hours on 1 core", sum(hours.values()))
+        row(PROJ, "all tasks, one seed", setting,
+            f"{clock} hours on 1 {'GPU' if cuda else 'core'}", sum(hours.values()))
         row(PROJ, f"all tasks, {seeds} seeds", setting + (", FO lr search included"
                                                           if search else ""),
-            f"wall hours on {WORKERS} workers (perfect packing)", wall)
+            f"wall hours on {workers} workers (perfect packing)", wall)
         longest = max(hours, key=hours.get)
         row(PROJ, f"longest single run ({longest})", setting,
-            "CPU hours (what an interrupted resumption can lose)", hours[longest])
+            f"{clock} hours (what an interrupted resumption can lose)", hours[longest])
         extra["projection"][tag] = {"switch_epoch": switch, "hours_per_seed": sum(hours.values()),
                                     "wall_hours": wall, "longest_run": longest,
                                     "longest_run_hours": hours[longest]}
     extra["notes"] = [
-        "CPU seconds per optimizer step (time.process_time, 1 thread), median of the timed "
+        ("GPU wall seconds per optimizer step (synchronized before and after), "
+         if cuda else "CPU seconds per optimizer step (time.process_time, 1 thread), ") +
+        "median of the timed "
         "steps after one warm-up; the steps of a run are epochs x min(steps per epoch, the "
         "task's cap) as in tt_zo._tasks(_settings(False)). Validation and test evaluation "
         "are not included.",
         "The hybrid's switch epoch is decided by its stall test during the run; the "
         f"projection gives the earliest switch its patience allows (CGE after {earliest} "
         "signRGE epochs, the slowest case) and no switch at all (the fastest).",
-        f"The full run trains the paper's {full_epochs} epochs; the wall time on {WORKERS} "
+        f"The full run trains the paper's {full_epochs} epochs; the wall time on {workers} "
         "workers adds the FO-AD lr search (run first) to the seeds' runs, each packed "
         "perfectly and never shorter than its longest task. With BPFREE_TASK_CACHE the run "
         "resumes at the last finished task: an interruption loses at most the longest "
@@ -253,4 +281,8 @@ def run(quick: bool) -> tuple[list[dict], dict]:
         "reference step already uses CoordinateWise's vectorised bookkeeping (issue 32), so "
         "the ratio understates the gain over the code before issue 32.",
     ]
+    if cuda:
+        from bpfree.bench import describe_device
+
+        extra["device"] = describe_device("cuda")
     return rows, extra

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pickle
 
+import time
+
 import pytest
 import torch
 from _ttzo_experiment import log_record, run_task
@@ -162,6 +164,14 @@ def test_cost_projection_counts_each_phase_and_the_earliest_switch():
     assert cost.project(per_step, steps, 20)["h"] == pytest.approx(8 * 900 * 0.01 / 3600)
     assert cost.wall_hours(hours, 3) == pytest.approx(3 * sum(hours.values()) / cost.WORKERS)
     assert cost.wall_hours({"a": 5.0, "b": 0.1}, 1) == 5.0          # the longest task
+    assert cost.wall_hours({"a": 1.0, "b": 2.0}, 2, workers=1) == 6.0  # one GPU worker
+
+
+def test_cost_steps_are_timed_in_cpu_time_on_the_cpu():
+    """CPU steps in process time (other jobs do not count); a CUDA step in synchronized wall
+    time, which this CPU-only machine cannot run."""
+    cost = load_module("tt_zo_cost")
+    assert cost._clock(torch.device("cpu")) is time.process_time
 
 
 def test_cost_projection_uses_the_full_modes_epochs_and_search():
