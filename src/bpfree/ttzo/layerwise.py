@@ -460,17 +460,18 @@ def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
     B, O, m, P = zv.shape
     E, C, c = jac.shape[1], wv.shape[0], cols.numel()
     r0, _, n, r1 = shape
+    device = zv.device                          # the tables index the model's tensors there
     if c == m * E and torch.equal(cols, torch.arange(c)):
         # every entry in flat order (a full CGE step): the tables are permuted views
         def by_digit(t):
             return t.view(r0, m, n * r1).permute(1, 2, 0).reshape(m, E)
-        table, column = by_digit(deltas), by_digit(torch.arange(c))
+        table, column = by_digit(deltas), by_digit(torch.arange(c, device=device))
     else:
-        mu, entry = _entry(cols, shape)
+        mu, entry = (t.to(device) for t in _entry(cols, shape))
         table = zv.new_zeros(m, E)              # δ of each (digit, entry), 0 if not asked
         table[mu, entry] = deltas
-        column = torch.full((m, E), -1, dtype=torch.long)   # its column in h
-        column[mu, entry] = torch.arange(c)
+        column = torch.full((m, E), -1, dtype=torch.long, device=device)  # its column in h
+        column[mu, entry] = torch.arange(c, device=device)
     # amax and amin apart: torch.aminmax over a middle dim is ~5x slower (torch 2.13, CPU)
     reach = torch.maximum(jac.amax(1), jac.amin(1).neg_()).unsqueeze(2)        # (B, O, 1, P)
     reach = reach * table.abs().amax(1).view(1, 1, m, 1)
@@ -500,7 +501,7 @@ def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
         outputs = (os_.index_select(0, k) * m + us_k) * P + ps.index_select(0, k)
         # on the flat view: one scalar add per element in the same order as a row-wise
         # index_add_, which adds (C,) rows one by one (2.5x slower, torch 2.13 CPU)
-        flat_h.index_add_(0, (rows.unsqueeze(1) * C + torch.arange(C)).view(-1),
+        flat_h.index_add_(0, (rows.unsqueeze(1) * C + torch.arange(C, device=device)).view(-1),
                           (kink.unsqueeze(1) * w_rows.index_select(0, outputs)).view(-1))
 
 
@@ -549,7 +550,7 @@ def _chunked_losses(objective, layers, where, acts, outs, mine: _Members, losses
     members = mine.index.tolist()
     flat = mine.flat.to(z.device)
     if extra is not None and kind != "core":
-        flat = extra[flat]             # kept values -> positions in the dense tensor
+        flat = extra.to(flat.device)[flat]  # kept values -> positions in the dense tensor
     deltas = mine.deltas.to(z.device)
     if kind == "core":
         k = extra
