@@ -239,28 +239,30 @@ def grid_of(kind: str, kwargs: dict) -> str:
     return "zo_lrs"
 
 
-def widening_tasks(results: dict, tasks: dict, protocol: Protocol,
-                   most: int = MOST_PAST_EDGE) -> dict:
+def widening_tasks(results: dict, tasks: dict, most: int = MOST_PAST_EDGE,
+                   is_sweep_part=lambda key: key[0] in SWEEP_KINDS) -> dict:
     """The next rate of every finished sweep whose choice sits on an edge of its grid.
 
-    ``tasks``: every per-rate task so far, keyed ``(kind, ..., position)``: the base grid's
-    positions are ``0 .. n-1``, rates past its top ``n, n+1, ...`` and below its bottom
-    ``-1, -2, ...``; ``results``: the finished ones. For a sweep whose every task finished
-    and whose chosen rate (:func:`choose`, over all its tasks) is its smallest or largest,
-    the task one grid step further (:func:`~bpfree.bench.rate_grid.rate_past_edge`, in the
-    grid's own units: LSB per step for INT8 BP without QAS) at the next position, unless
-    ``most`` rates were already added on that side. Returns ``{key: (kind, kwargs)}``.
+    ``tasks``: every task so far; those whose key ``is_sweep_part`` (default: bench pmt's
+    keys ``(kind, ..., position)``) are per-rate parts of a sweep, keyed by position last:
+    the base grid's positions are ``0 .. n-1`` (of its task's ``protocol``), rates past its
+    top ``n, n+1, ...`` and below its bottom ``-1, -2, ...``; ``results``: the finished
+    ones. For a sweep whose every task finished and whose chosen rate (:func:`choose`, over
+    all its tasks) is its smallest or largest, the task one grid step further
+    (:func:`~bpfree.bench.rate_grid.rate_past_edge`, in the grid's own units: LSB per step
+    for INT8 BP without QAS) at the next position, unless ``most`` rates were already added
+    on that side. Returns ``{key: (kind, kwargs)}``.
     """
     sweeps: dict = {}
     for key, task in tasks.items():
-        if key[0] in SWEEP_KINDS:
+        if is_sweep_part(key):
             sweeps.setdefault(key[:-1], {})[key[-1]] = task
     out = {}
     for name, parts in sweeps.items():
         if 0 not in parts or not all((*name, pos) in results for pos in parts):
             continue  # unfinished (or, in a partial report, not reported)
         kind, base = parts[0]
-        grid = getattr(protocol, grid_of(kind, base))
+        grid = getattr(base["protocol"], grid_of(kind, base))
         values = {pos: grid[pos] if 0 <= pos < len(grid) else task[1]["rates"][0]
                   for pos, task in parts.items()}
         runs = {pos: results[(*name, pos)] for pos in parts}
@@ -276,6 +278,31 @@ def widening_tasks(results: dict, tasks: dict, protocol: Protocol,
         out[(*name, max(parts) + 1 if top else min(parts) - 1)] = (kind, {**kwargs,
                                                                       "rates": (rate,)})
     return out
+
+
+def widen(run, tasks: dict, results: dict, most: int = MOST_PAST_EDGE,
+          is_sweep_part=lambda key: key[0] in SWEEP_KINDS) -> None:
+    """Widen every finished sweep of ``tasks`` whose choice sits on an edge, one rate per
+    round (:func:`widening_tasks`), until none does or ``most`` rates were added past it:
+    ``run(new_tasks) -> results`` trains each round; ``tasks`` and ``results`` grow in
+    place. A round's task that ``run`` leaves out (a partial report) ends its sweep's
+    widening."""
+    for _ in range(most):
+        wider = {k: t for k, t in widening_tasks(results, tasks, most, is_sweep_part).items()
+                 if k not in tasks}
+        if not wider:
+            return
+        tasks.update(wider)
+        results.update(run(wider))
+
+
+def added_rates(tasks: dict) -> dict[tuple, list[float]]:
+    """Sweep (its key without the position) -> the rates added past its grid's edges."""
+    added: dict[tuple, list[float]] = {}
+    for key, (_, kwargs) in tasks.items():
+        if "rates" in kwargs:
+            added.setdefault(key[:-1], []).extend(kwargs["rates"])
+    return added
 
 
 def noqas_rates(qmodel: nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -368,7 +368,7 @@ def run(quick: bool):
     from bpfree.harness import accuracy
     from bpfree.pmt import find_layers
     from bpfree.pmt.diagnostic import plot_cosines
-    from _pmt_experiment import MOST_PAST_EDGE, blocks_of, run_task, widening_tasks
+    from _pmt_experiment import MOST_PAST_EDGE, added_rates, blocks_of, run_task, widen
 
     t_start = time.perf_counter()
     torch.set_num_threads(default_workers())
@@ -472,15 +472,9 @@ def run(quick: bool):
         results.update(run_keyed(run_task, {k: tasks[k] for k in group}, workers, order=group,
                                  progress="pmt tasks" if first else "pmt tasks (Table 4, Fig. "
                                  "5 / 7)", cache=cache, partial=True))
-        for _ in range(MOST_PAST_EDGE):
-            wider = {k: t for k, t in widening_tasks(results, tasks, P).items()
-                     if k not in tasks}
-            if not wider:
-                break
-            tasks.update(wider)
-            results.update(run_keyed(run_task, wider, workers, order=sorted(wider, key=priority),
-                                     progress="pmt rates past a grid edge", cache=cache,
-                                     partial=True))
+        widen(lambda wider: run_keyed(run_task, wider, workers, order=sorted(wider, key=priority),
+                                      progress="pmt rates past a grid edge", cache=cache,
+                                      partial=True), tasks, results)
     reuse_checked += _check_reuse(cache, run_task, tasks, results)
     partial = _partial_state(cache, tasks, results, workers, quick)
     # One grid size for every sweep: Protocol refuses grids of unequal lengths.
@@ -598,10 +592,7 @@ def run(quick: bool):
                 "std over seeds", spread)
 
     # ---- Rates, grid edges, weights changed and forwards
-    added: dict[tuple, list[float]] = {}  # sweep -> the rates added past its grid's edges
-    for key, (_, kwargs) in tasks.items():
-        if "rates" in kwargs:
-            added.setdefault(key[:-1], []).extend(kwargs["rates"])
+    added = added_rates(tasks)  # sweep -> the rates added past its grid's edges
     sweep_of = lambda m, c: (("pmt", c, chosen[c]) if m == "pmt-sparse"  # noqa: E731
                              else (m,) if m in ("mezo", "deepzero") else ("bp", c, m))
     for m in ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "pmt-sparse"):

@@ -289,41 +289,73 @@ def test_widening_adds_one_rate_past_the_edge_a_sweep_chose(monkeypatch):
                             "diverged": False, "changed_values": 1, "forwards": 3}
     tasks, results = {}, {}
     for i, (zo, bp) in enumerate(zip(P.zo_lrs, P.bp_lrs)):
-        tasks[("pmt", "fog", 3, i)] = ("pmt", {"block": ["a"], "grid_index": i})
-        tasks[("bp", "fog", "fp32-bp", i)] = ("bp", {"method": "fp32-bp", "grid_index": i})
+        tasks[("pmt", "fog", 3, i)] = ("pmt", {"block": ["a"], "protocol": P, "grid_index": i})
+        tasks[("bp", "fog", "fp32-bp", i)] = ("bp", {"method": "fp32-bp", "protocol": P,
+                                                     "grid_index": i})
         tasks[("bp", "fog", "int8-sparse-bp", i)] = ("bp", {"method": "int8-sparse-bp",
-                                                            "grid_index": i})
+                                                            "protocol": P, "grid_index": i})
         results[("pmt", "fog", 3, i)] = part(zo, 50.0 + i)  # top edge
         results[("bp", "fog", "fp32-bp", i)] = part(bp, 50.0 - i)  # bottom edge
         results[("bp", "fog", "int8-sparse-bp", i)] = part(bp, 60.0 if i == 1 else 50.0)
-    tasks[("deepzero", 0)] = ("deepzero", {"grid_index": 0})  # unfinished: nothing yet
+    tasks[("deepzero", 0)] = ("deepzero", {"protocol": P, "grid_index": 0})  # unfinished
     tasks[("select", "fog")] = ("select", {})  # not a sweep
-    wider = ex.widening_tasks(results, tasks, P)
-    assert wider == {("pmt", "fog", 3, 4): ("pmt", {"block": ["a"], "rates": (0.9,)}),
-                     ("bp", "fog", "fp32-bp", -1): ("bp", {"method": "fp32-bp",
+    wider = ex.widening_tasks(results, tasks)
+    assert wider == {("pmt", "fog", 3, 4): ("pmt", {"block": ["a"], "protocol": P,
+                                                    "rates": (0.9,)}),
+                     ("bp", "fog", "fp32-bp", -1): ("bp", {"method": "fp32-bp", "protocol": P,
                                                            "rates": (0.000333,)})}
     tasks.update(wider)
     results[("pmt", "fog", 3, 4)] = part(0.9, 99.0)  # still the best: one more, then the cap
     results[("bp", "fog", "fp32-bp", -1)] = part(0.000333, 10.0)  # worse: bracketed
-    again = ex.widening_tasks(results, tasks, P)
-    assert again == {("pmt", "fog", 3, 5): ("pmt", {"block": ["a"], "rates": (2.7,)})}
+    again = ex.widening_tasks(results, tasks)
+    assert again == {("pmt", "fog", 3, 5): ("pmt", {"block": ["a"], "protocol": P,
+                                                    "rates": (2.7,)})}
     tasks.update(again)
     results[("pmt", "fog", 3, 5)] = part(2.7, 99.5)
-    assert ex.widening_tasks(results, tasks, P) == {}  # two past the top: the cap
-    assert ex.widening_tasks(results, tasks, P, most=3) == {
-        ("pmt", "fog", 3, 6): ("pmt", {"block": ["a"], "rates": (8.1,)})}
+    assert ex.widening_tasks(results, tasks) == {}  # two past the top: the cap
+    assert ex.widening_tasks(results, tasks, most=3) == {
+        ("pmt", "fog", 3, 6): ("pmt", {"block": ["a"], "protocol": P, "rates": (8.1,)})}
+    assert ex.added_rates(tasks) == {("pmt", "fog", 3): [0.9, 2.7],
+                                     ("bp", "fog", "fp32-bp"): [0.000333]}
     merged = ex.merge_grid(results, lambda key: key[0] in ex.SWEEP_KINDS)
     assert merged[("pmt", "fog", 3)]["chosen"] == 2.7 and merged[("pmt", "fog", 3)]["grid_edge"]
     bp = merged[("bp", "fog", "fp32-bp")]
     assert bp["chosen"] == 1e-3 and not bp["grid_edge"] and len(bp["runs"]) == 5
     # INT8 BP without QAS widens its LSB grid, not its rates
     noqas = {("bp", "fog", "int8-bp-noqas", i): ("bp", {"method": "int8-bp-noqas",
-                                                        "grid_index": i}) for i in range(4)}
+                                                        "protocol": P, "grid_index": i})
+             for i in range(4)}
     noqas_results = {k: part(lsb / 7.0, 80.0 + i) for i, (k, lsb) in
                      enumerate(zip(noqas, P.noqas_lsb))}
-    assert ex.widening_tasks(noqas_results, noqas, P) == {
-        ("bp", "fog", "int8-bp-noqas", 4): ("bp", {"method": "int8-bp-noqas",
+    assert ex.widening_tasks(noqas_results, noqas) == {
+        ("bp", "fog", "int8-bp-noqas", 4): ("bp", {"method": "int8-bp-noqas", "protocol": P,
                                                    "rates": (32.0,)})}
+
+
+def test_widen_trains_round_after_round_until_no_sweep_sits_on_an_edge():
+    """widen(): each round trains the next rate of the sweeps still at an edge; a sweep
+    whose new rate is worse stops; keys of another shape (pmt-seeds') choose the parts."""
+    import _pmt_experiment as ex
+
+    P = Protocol(zo_lrs=(0.01, 0.03, 0.1), bp_lrs=(1, 2, 3), noqas_lsb=(1, 2, 3))
+    # past 0.1 at the top ratio 0.1 / 0.03: 0.333, then 1.11, which is worse: two rounds
+    score = {0.01: 1.0, 0.03: 2.0, 0.1: 3.0, 0.333: 4.0, 1.11: 3.5}
+    tasks = {(0, "fog", "pmt-sparse", i): ("pmt", {"protocol": P, "grid_index": i})
+             for i in range(3)}
+    tasks[(0, "fog", "select")] = ("select", {})
+    part = lambda lr: {"lr": lr, "validation_accuracy": score[lr], "accuracy": 0.0}  # noqa
+    results = {k: part(P.zo_lrs[k[3]]) for k in tasks if len(k) == 4}
+    rounds = []
+
+    def run(wider):
+        rounds.append(sorted(wider))
+        return {k: part(t[1]["rates"][0]) for k, t in wider.items()}
+
+    ex.widen(run, tasks, results, is_sweep_part=lambda key: len(key) == 4)
+    assert rounds == [[(0, "fog", "pmt-sparse", 3)], [(0, "fog", "pmt-sparse", 4)]]
+    merged = ex.merge_grid(results, lambda key: len(key) == 4)
+    assert merged[(0, "fog", "pmt-sparse")]["chosen"] == 0.333
+    assert not merged[(0, "fog", "pmt-sparse")]["grid_edge"]
 
 
 def test_a_widened_int8_bp_without_qas_task_trains_its_lsb_rate(models):
