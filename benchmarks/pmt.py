@@ -472,10 +472,11 @@ def run(quick: bool):
         results.update(run_keyed(run_task, {k: tasks[k] for k in group}, workers, order=group,
                                  progress="pmt tasks" if first else "pmt tasks (Table 4, Fig. "
                                  "5 / 7)", cache=cache, partial=True))
+        if first:  # before any new training run: INT8 BP's reused runs, recomputed
+            reuse_checked += _check_reuse(cache, run_task, tasks, results)
         widen(lambda wider: run_keyed(run_task, wider, workers, order=sorted(wider, key=priority),
                                       progress="pmt rates past a grid edge", cache=cache,
                                       partial=True), tasks, results)
-    reuse_checked += _check_reuse(cache, run_task, tasks, results)
     partial = _partial_state(cache, tasks, results, workers, quick)
     # One grid size for every sweep: Protocol refuses grids of unequal lengths.
     results = _merge_grid(results, grid_size=len(P.zo_lrs) if partial else None)
