@@ -339,12 +339,20 @@ def _versions_text(versions: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {versions[name]}" for name in versions)
 
 
-def _mode(document: Mapping[str, Any]) -> str:
-    """"quick" or "full", and for a partial report of a run in progress (``extra.partial``,
-    ``$BPFREE_TASK_CACHE_REPORT``) how far that run had come."""
-    mode = "quick" if document["quick"] else "full"
+def _unfinished(document: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``extra.partial`` of a partial report of a run in progress
+    (``$BPFREE_TASK_CACHE_REPORT``) whose runs had not all finished, else None."""
     partial = (document.get("extra") or {}).get("partial")
     if isinstance(partial, Mapping) and partial.get("finished") != partial.get("tasks"):
+        return partial
+    return None
+
+
+def _mode(document: Mapping[str, Any]) -> str:
+    """"quick" or "full", and for a partial report how far that run had come."""
+    mode = "quick" if document["quick"] else "full"
+    partial = _unfinished(document)
+    if partial is not None:
         mode += (f", partial: {partial.get('finished')} of {partial.get('tasks')} runs of "
                  f"{partial.get('revision')}")
     return mode
@@ -353,9 +361,9 @@ def _mode(document: Mapping[str, Any]) -> str:
 def _mode_line(document: Mapping[str, Any]) -> str:
     base = "quick" if document["quick"] else "full"
     line = f"{base} run" + (" (reduced settings: `--quick`)" if document["quick"] else "")
-    if "partial" in _mode(document):
-        progress = (document.get("extra") or {})["partial"].get("progress") or ""
-        line += f", partial report: {progress} (see the notes)"
+    partial = _unfinished(document)
+    if partial is not None:
+        line += f", partial report: {partial.get('progress') or ''} (see the notes)"
     return line
 
 
