@@ -478,6 +478,8 @@ def run(quick: bool):
                                       progress="pmt rates past a grid edge", cache=cache,
                                       partial=True), tasks, results)
     partial = _partial_state(cache, tasks, results, workers, quick)
+    # sweep -> the rates added past its grid's edges whose runs finished (all, in a full run)
+    added = added_rates({k: t for k, t in tasks.items() if k in results})
     # One grid size for every sweep: Protocol refuses grids of unequal lengths.
     results = _merge_grid(results, grid_size=len(P.zo_lrs) if partial else None)
     pending = partial["reason"] if partial else None
@@ -593,7 +595,6 @@ def run(quick: bool):
                 "std over seeds", spread)
 
     # ---- Rates, grid edges, weights changed and forwards
-    added = added_rates(tasks)  # sweep -> the rates added past its grid's edges
     sweep_of = lambda m, c: (("pmt", c, chosen[c]) if m == "pmt-sparse"  # noqa: E731
                              else (m,) if m in ("mezo", "deepzero") else ("bp", c, m))
     for m in ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "pmt-sparse"):
@@ -624,8 +625,10 @@ def run(quick: bool):
     for m in ("mezo", "deepzero"):
         if m in budget_rows:
             edges[m] = {"gaussian_noise": bool(budget_rows[m].get("grid_edge"))}
+    added_of = {m: {c: len(added.get(sweep_of(m, c), ())) for c in cols}
+                for m, cols in edges.items()}
     claims = ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
-                    pending=pending, edges=edges, widened=MOST_PAST_EDGE)
+                    pending=pending, edges=edges, widened=MOST_PAST_EDGE, added=added_of)
 
     mode = "quick" if quick else "full"
     curves = lambda keys: {k: (curves_of[k]["curve_forwards"], curves_of[k]["loss"])  # noqa: E731
@@ -785,10 +788,15 @@ def ledger_from_result(document: dict) -> list[dict]:
     for (method, setting), value in _by_metric(rows, TABLE_RATES,
                                                "chosen rate at a grid edge").items():
         edges.setdefault(key_of[method], {})[setting.replace(" ", "_")] = bool(value)
+    added: dict[str, dict[str, int]] = {}
+    for (method, setting), value in _by_metric(rows, TABLE_RATES,
+                                               "rates added past a grid edge").items():
+        added.setdefault(key_of[method], {})[setting.replace(" ", "_")] = int(value)
     protocol = SimpleNamespace(**extra["protocol"])
     return ledger(acc, group_means, budget_rows, abl, cos_mean, extra["calibration"],
                   protocol, document["quick"], pending=(extra.get("partial") or {}).get("reason"),
-                  edges=edges, widened=(extra.get("widening") or {}).get("most_past_edge"))
+                  edges=edges, widened=(extra.get("widening") or {}).get("most_past_edge"),
+                  added=added or None)
 
 
 #: What a claim catches when the rows it needs are missing (a partial report of a run in
@@ -798,7 +806,7 @@ _MISSING = (KeyError, StopIteration)
 
 def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
            pending: str | None = None, edges: dict | None = None,
-           widened: int | None = None) -> list[dict]:
+           widened: int | None = None, added: dict | None = None) -> list[dict]:
     """The claim ledger: each verdict is computed from this run's numbers. ``abl``: each Fig. 7
     configuration's :func:`ablation_summary` (``loss_se`` None: not recorded).
 
@@ -809,7 +817,10 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
     of its grid} (the rows ``chosen rate at a grid edge``); a comparison whose sides chose
     an edge rate says so in its note, since a wider grid could move either side.
     ``widened``: how many rates past an edge the run's grids could add (``None``: a run
-    from before grids were widened)."""
+    from before grids were widened); ``added``: method -> {column: rates its grid got past
+    an edge} (the rows ``rates added past a grid edge``; ``None``: a file without them). In
+    a partial report, an edge choice with fewer than ``widened`` rates added is counted as
+    one whose widening is unfinished."""
     paper_budget = P.queries >= 100 and P.zo_epochs >= 50 and P.bp_epochs >= 50
     below = "" if paper_budget else (
         f" Below the paper's budget: Q={P.queries} (paper 100), {P.zo_epochs} BP-free epochs "
@@ -834,17 +845,22 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
     def with_edges(note: str | None, methods, columns) -> str | None:
         """``note`` and, where any of ``methods`` chose an edge rate in ``columns``, how
         often (after widening by up to ``widened`` rates, or in a run that did not widen)."""
-        counts = [(m, sum(bool((edges or {}).get(m, {}).get(c)) for c in columns))
-                  for m in methods]
-        counts = [(m, k) for m, k in counts if k]
-        if not counts:
+        at_edge = {m: [c for c in columns if (edges or {}).get(m, {}).get(c)] for m in methods}
+        at_edge = {m: cs for m, cs in at_edge.items() if cs}
+        if not at_edge:
             return note
+        # an edge choice of a partial report whose grid has not yet had its rates added
+        unwidened = {m: sum((added or {}).get(m, {}).get(c, 0) < widened for c in cs)
+                     if pending and widened and added is not None else 0
+                     for m, cs in at_edge.items()}
         why = ("the grid was not widened in this run" if not widened else
                f"still, after widening the grid by up to {widened} rates past that edge"
-               + (", or with the widening still to run" if pending else ""))
+               + (", or with the widening still to run" if pending and added is None else ""))
         text = (f"chosen rate at a grid edge ({why}, so a wider one could move either "
                 "side): " + ", ".join(
-                    f"{SHORT.get(m, m)} {k}/{len(columns)} columns" for m, k in counts))
+                    f"{SHORT.get(m, m)} {len(cs)}/{len(columns)} columns"
+                    + (f" ({unwidened[m]} of them with their widening unfinished)"
+                       if unwidened[m] else "") for m, cs in at_edge.items()))
         return f"{note} {text}" if note else text
 
     @entry("pmt-regime", "Table 7 (No Adaptation)",

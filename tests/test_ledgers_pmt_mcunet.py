@@ -337,3 +337,35 @@ def test_pmt_comparisons_say_which_side_chose_a_rate_at_its_grid_edge(pmt):
     note = widened["bpfree-beats-mcutrain-noise"].get("note") or ""
     assert "still, after widening the grid by up to 2 rates past that edge" in note
     assert "widening still to run" not in note
+
+
+def test_pmt_partial_report_counts_the_edge_choices_whose_widening_is_unfinished(pmt):
+    """In a partial report, an edge choice whose grid got fewer than the most rates past its
+    edge is counted as unfinished widening, from the rows "rates added past a grid edge";
+    a file without those rows keeps the old blanket wording."""
+    doc = copy.deepcopy(_document("pmt.json"))
+    label = pmt.LABELS["int8-sparse-bp"]
+    noise = ("gaussian noise", "shot noise")
+    for r in doc["rows"]:
+        if r["table"] != pmt.TABLE_RATES or r["method"] != label and r["metric"] != (
+                "chosen rate at a grid edge"):
+            continue
+        if r["metric"] == "chosen rate at a grid edge":
+            r["value"] = float(r["method"] == label and r["setting"] in noise)
+        elif r["metric"] == "rates added past a grid edge":
+            r["value"] = 2.0 if r["setting"] == "gaussian noise" else 0.0
+    doc["extra"]["widening"] = {"most_past_edge": 2, "added": {}}
+    doc["extra"]["partial"] = {"reason": "run in progress: 1 of 2 runs finished"}
+    note = {c["id"]: c for c in pmt.ledger_from_result(doc)}[
+        "bpfree-beats-mcutrain-noise"].get("note") or ""
+    assert "sparse INT8 BP 2/4 columns (1 of them with their widening unfinished)" in note
+    assert "widening still to run" not in note
+    doc["extra"].pop("partial")
+    note = {c["id"]: c for c in pmt.ledger_from_result(doc)}[
+        "bpfree-beats-mcutrain-noise"].get("note") or ""
+    assert "sparse INT8 BP 2/4 columns" in note and "unfinished" not in note
+    doc["extra"]["partial"] = {"reason": "run in progress: 1 of 2 runs finished"}
+    doc["rows"] = [r for r in doc["rows"] if r["metric"] != "rates added past a grid edge"]
+    note = {c["id"]: c for c in pmt.ledger_from_result(doc)}[
+        "bpfree-beats-mcutrain-noise"].get("note") or ""
+    assert "or with the widening still to run" in note and "unfinished" not in note
