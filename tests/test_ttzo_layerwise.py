@@ -338,7 +338,8 @@ def test_points_are_grouped_by_tensor_as_the_per_point_loop_did():
                                                  (False, 40, 1e-3)])
 def test_cge_points_are_the_nested_loops_points(central, subset, mu, monkeypatch):
     """CoordinateWise's evaluation points, zipped: the same (tensor, offset, ±1.0·μ) tuples
-    in the same order as the nested comprehension they replace."""
+    in the same order as the nested comprehension they replace, and the same three columns
+    as tensors (estimators.coordinate.Points)."""
     model = _small_tt()
     x, y = _batch()
     seen = []
@@ -357,6 +358,16 @@ def test_cge_points_are_the_nested_loops_points(central, subset, mu, monkeypatch
     expected = [(i, j, s * mu) for i, j in zip(tensor.tolist(), offset.tolist()) for s in signs]
     assert seen == [expected]
     assert len(expected) == (subset or offsets[-1]) * len(signs)
+    # the tensor columns it carries are the tuples', and group exactly as the tuples do
+    points = seen[0]
+    assert points.tensor.tolist() == [i for i, _, _ in expected]
+    assert points.offset.tolist() == [j for _, j, _ in expected]
+    assert points.step.dtype == torch.float64
+    assert points.step.tolist() == [d for _, _, d in expected]
+    from bpfree.ttzo import layerwise
+    fast, plain = layerwise._by_tensor(points), layerwise._by_tensor(list(points))
+    assert list(fast) == list(plain)
+    assert all(torch.equal(a, b) for i in fast for a, b in zip(fast[i], plain[i]))
 
 
 def _einsum_tail_outputs(kind, j, d, a, z, tail, logits):

@@ -20,6 +20,25 @@ from .base import Estimate, QueryContext, check_mu, check_positive_int, loss_val
 from .weight import _require_objective
 
 
+class Points(list):
+    """The evaluation points: a list of ``(tensor index, flat offset, δ)`` tuples that also
+    holds the same three columns as tensors (``tensor`` and ``offset`` int64, ``step``
+    float64, one entry per point), so that an evaluator working on tensors
+    (:func:`bpfree.ttzo.layerwise.layerwise_losses`) reads them without unzipping the
+    tuples again: that unzip cost ~13 ms of every CGE step at the d = 8,314 of TT-ZO's
+    r = 10 TT-MLP (issue 32)."""
+
+    def __init__(self, tensor: torch.Tensor, offset: torch.Tensor, steps: tuple[float, ...]):
+        n = len(steps)
+        ti, oj = tensor.tolist(), offset.tolist()
+        # zipped, not a nested comprehension: 5x faster at d = 8,314, ~2 ms of every step
+        super().__init__(zip(ti, oj, itertools.repeat(steps[0])) if n == 1
+                         else ((i, j, s) for i, j in zip(ti, oj) for s in steps))
+        self.tensor = tensor.repeat_interleave(n) if n > 1 else tensor
+        self.offset = offset.repeat_interleave(n) if n > 1 else offset
+        self.step = torch.tensor(steps, dtype=torch.float64).repeat(len(ti))
+
+
 @dataclass(frozen=True)
 class CoordinateWise:
     mu: float = 1e-3
@@ -48,11 +67,7 @@ class CoordinateWise:
         steps = (self.mu, -self.mu) if self.central else (self.mu,)   # (±1.0)·μ, exactly
         tensor = torch.searchsorted(torch.tensor(offsets[1:]), coords, right=True)
         offset = coords - torch.tensor(offsets[:-1])[tensor]
-        # zipped, not a nested comprehension: 5x faster at the d = 8,314 of TT-ZO's r = 10
-        # TT-MLP, ~2 ms of every CGE step (issue 32)
-        ti, oj = tensor.tolist(), offset.tolist()
-        points = list(zip(ti, oj, itertools.repeat(steps[0]))) if len(steps) == 1 \
-            else [(i, j, s) for i, j in zip(ti, oj) for s in steps]
+        points = Points(tensor, offset, steps)
 
         base, losses = self.evaluate(ctx, points)
 

@@ -53,6 +53,7 @@ from torch import nn
 
 from ..estimators import CoordinateWise
 from ..estimators.base import QueryContext
+from ..estimators.coordinate import Points
 from ..objective import Objective
 from ..tt import TTLinear
 from ..tt.decompose import merge_cores
@@ -180,12 +181,15 @@ def _by_tensor(points) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tens
     TT-MLP at r = 10 (issue 32)."""
     if not points:
         return {}
-    tensor, flat, step = zip(*points)
-    which = torch.tensor(tensor, dtype=torch.long)
-    flat = torch.tensor(flat, dtype=torch.long)
-    step = torch.tensor(step, dtype=torch.float64)
+    if isinstance(points, Points):   # the columns CoordinateWise built: no unzip (issue 32)
+        which, flat, step = points.tensor, points.offset, points.step
+    else:
+        tensor, flat, step = zip(*points)
+        which = torch.tensor(tensor, dtype=torch.long)
+        flat = torch.tensor(flat, dtype=torch.long)
+        step = torch.tensor(step, dtype=torch.float64)
     groups = {}
-    for i in dict.fromkeys(tensor):
+    for i in dict.fromkeys(which.tolist()):
         index = (which == i).nonzero().squeeze(1)
         groups[i] = (index, flat[index], step[index])
     return groups
