@@ -25,7 +25,8 @@ Tasks (:func:`run_task`, one CPU thread each, results as plain dicts):
 * ``mezo`` / ``deepzero``: Table 5's baselines at the forward budget of PMT on the chosen block;
 * ``same-selection``: Table 6: PMT, MeZO, DeepZero-0 or DeepZero-0.9 at one rate, trained
   on the block PMT's selection chose (:func:`task_same_selection`; ``bench pmt-t6``);
-* ``ablation``: Fig. 7 (scaling and estimator ablations on four point-wise layers);
+* ``ablation``: Fig. 7 (scaling and estimator ablations on four point-wise layers), one task
+  per rate (its ``lr``), a sweep widened like the others (:data:`LR_KINDS`);
 * ``cosine``: Fig. 5 (cosine of ZO estimates with BP gradients, one seed).
 """
 
@@ -229,7 +230,11 @@ def merge_grid(results: dict, is_sweep_part, grid_size: int | None = None) -> di
 #: every choice the last runs made, and keep a widened PMT sweep under 1.5x its base cost.
 MOST_PAST_EDGE = 2
 #: The task kinds that are per-rate parts of a sweep (keys ``(kind, ..., grid index)``).
-SWEEP_KINDS = ("bp", "pmt", "pmt-dense", "mezo", "deepzero")
+SWEEP_KINDS = ("bp", "pmt", "pmt-dense", "mezo", "deepzero", "ablation")
+#: The sweep kinds whose per-rate task names its rate as ``lr`` (Fig. 7's ablations), not as
+#: a ``grid_index`` into its protocol's grid; a rate past an edge is then the same task with
+#: another ``lr``, rather than the task with ``rates=(r,)``.
+LR_KINDS = ("ablation",)
 
 
 def grid_of(kind: str, kwargs: dict) -> str:
@@ -251,7 +256,8 @@ def widening_tasks(results: dict, tasks: dict, most: int = MOST_PAST_EDGE,
     all its tasks) is its smallest or largest, the task one grid step further
     (:func:`~bpfree.bench.rate_grid.rate_past_edge`, in the grid's own units: LSB per step
     for INT8 BP without QAS) at the next position, unless ``most`` rates were already added
-    on that side. Returns ``{key: (kind, kwargs)}``.
+    on that side (a task of :data:`LR_KINDS` names its rate as ``lr``, at every position).
+    Returns ``{key: (kind, kwargs)}``.
     """
     sweeps: dict = {}
     for key, task in tasks.items():
@@ -263,8 +269,7 @@ def widening_tasks(results: dict, tasks: dict, most: int = MOST_PAST_EDGE,
             continue  # unfinished (or, in a partial report, not reported)
         kind, base = parts[0]
         grid = getattr(base["protocol"], grid_of(kind, base))
-        values = {pos: grid[pos] if 0 <= pos < len(grid) else task[1]["rates"][0]
-                  for pos, task in parts.items()}
+        values = {pos: _rate_of(task, pos, grid) for pos, task in parts.items()}
         runs = {pos: results[(*name, pos)] for pos in parts}
         chosen = choose(list(runs.values()))["chosen"]
         pos = next(p for p, r in runs.items() if r["lr"] == chosen)
@@ -275,9 +280,17 @@ def widening_tasks(results: dict, tasks: dict, most: int = MOST_PAST_EDGE,
         if sum(p >= len(grid) if top else p < 0 for p in parts) >= most:
             continue
         kwargs = {k: v for k, v in base.items() if k != "grid_index"}
-        out[(*name, max(parts) + 1 if top else min(parts) - 1)] = (kind, {**kwargs,
-                                                                      "rates": (rate,)})
+        out[(*name, max(parts) + 1 if top else min(parts) - 1)] = (
+            kind, {**kwargs, "lr": rate} if kind in LR_KINDS else {**kwargs, "rates": (rate,)})
     return out
+
+
+def _rate_of(task: tuple[str, dict], position: int, grid) -> float:
+    """The one rate of a sweep's per-rate ``task`` at ``position`` (see :func:`widening_tasks`)."""
+    kind, kwargs = task
+    if kind in LR_KINDS:
+        return kwargs["lr"]
+    return grid[position] if 0 <= position < len(grid) else kwargs["rates"][0]
 
 
 def widen(run, tasks: dict, results: dict, most: int = MOST_PAST_EDGE,
@@ -297,11 +310,15 @@ def widen(run, tasks: dict, results: dict, most: int = MOST_PAST_EDGE,
 
 
 def added_rates(tasks: dict) -> dict[tuple, list[float]]:
-    """Sweep (its key without the position) -> the rates added past its grid's edges."""
+    """Sweep (its key without the position) -> the rates added past its grid's edges: the
+    tasks with ``rates``, and those of :data:`LR_KINDS` at a position outside their grid."""
     added: dict[tuple, list[float]] = {}
-    for key, (_, kwargs) in tasks.items():
+    for key, (kind, kwargs) in tasks.items():
         if "rates" in kwargs:
             added.setdefault(key[:-1], []).extend(kwargs["rates"])
+        elif kind in LR_KINDS and not 0 <= key[-1] < len(
+                getattr(kwargs["protocol"], grid_of(kind, kwargs))):
+            added.setdefault(key[:-1], []).append(kwargs["lr"])
     return added
 
 

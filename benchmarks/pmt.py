@@ -447,8 +447,8 @@ def run(quick: bool):
             tasks[("pmt-dense", i)] = ("pmt", dict(qmodel=qmodel, train=g_train, test=g_test,
                                                    protocol=P, block=None, grid_index=i))
     for label, conf in _ablation_configs(P.queries, len(pointwise)).items():
-        for lr in P.zo_lrs:
-            tasks[("ablation", label, lr)] = ("ablation", dict(
+        for i, lr in enumerate(P.zo_lrs):  # one sweep per ablation, keyed by grid position
+            tasks[("ablation", label, i)] = ("ablation", dict(
                 qmodel=qmodel, train=g_train, test=g_test, protocol=P, config=conf,
                 trainable=pointwise, epochs=cfg["ablation_epochs"], lr=lr))
     xb, yb = g_train[0][:P.batch_size], g_train[1][:P.batch_size]
@@ -562,13 +562,13 @@ def run(quick: bool):
         row(TABLE_BUDGET, LABELS[m], "Gaussian noise", "total forwards (per sample)",
             res["forwards"], paper_fw)
 
-    # ---- Fig. 7 (the ablations whose every rate has finished)
+    # ---- Fig. 7 (the ablations whose every rate has finished; their sweeps are merged, so
+    # each is its best rate on validation, the grid widened past an edge like the others)
     abl, curves_of = {}, {}
     for label in ABLATIONS:
-        if not all(("ablation", label, lr) in results for lr in P.zo_lrs):
+        if ("ablation", label) not in results:
             continue
-        runs = [results[("ablation", label, lr)] for lr in P.zo_lrs]
-        best = max(runs, key=lambda r: (r["validation_accuracy"], -r["lr"]))
+        best = results[("ablation", label)]
         curves_of[label] = best
         setting = f"{cfg['ablation_epochs']} epochs, Q={P.queries}/layer, lr={best['lr']:g}"
         abl[label] = ablation_summary(best)
@@ -576,6 +576,9 @@ def run(quick: bool):
             if best["last_loss"] is not None else float("nan"))
         row(TABLE_ABL, label, setting, ABL_SE, abl[label]["loss_se"])
         row(TABLE_ABL, label, setting, "validation accuracy (%)", best["validation_accuracy"])
+        row(TABLE_ABL, label, setting, "chosen rate at a grid edge", float(best["grid_edge"]))
+        row(TABLE_ABL, label, setting, "rates added past a grid edge",
+            len(added.get(("ablation", label), ())))
 
     # ---- Fig. 5 (once every seed has finished)
     cos_runs = [results[("cosine", s)] for s in range(cfg["cosine_seeds"])
@@ -596,7 +599,8 @@ def run(quick: bool):
 
     # ---- Rates, grid edges, weights changed and forwards
     sweep_of = lambda m, c: (("pmt", c, chosen[c]) if m == "pmt-sparse"  # noqa: E731
-                             else (m,) if m in ("mezo", "deepzero") else ("bp", c, m))
+                             else (m,) if m in ("mezo", "deepzero")
+                             else ("ablation", m) if m in ABLATIONS else ("bp", c, m))
     for m in ("fp32-bp", "int8-bp", "int8-bp-noqas", "int8-sparse-bp", "pmt-sparse"):
         for c in CORRUPTIONS:
             if c not in res_of[m]:
@@ -625,6 +629,8 @@ def run(quick: bool):
     for m in ("mezo", "deepzero"):
         if m in budget_rows:
             edges[m] = {"gaussian_noise": bool(budget_rows[m].get("grid_edge"))}
+    for label in abl:  # Fig. 7's ablations train on the Gaussian-noise images
+        edges[label] = {"gaussian_noise": bool(results[("ablation", label)]["grid_edge"])}
     added_of = {m: {c: len(added.get(sweep_of(m, c), ())) for c in cols}
                 for m, cols in edges.items()}
     claims = ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
@@ -792,6 +798,10 @@ def ledger_from_result(document: dict) -> list[dict]:
     for (method, setting), value in _by_metric(rows, TABLE_RATES,
                                                "rates added past a grid edge").items():
         added.setdefault(key_of[method], {})[setting.replace(" ", "_")] = int(value)
+    for metric, into, kind in (("chosen rate at a grid edge", edges, bool),
+                               ("rates added past a grid edge", added, int)):
+        for (label, _), value in _by_metric(rows, TABLE_ABL, metric).items():
+            into[label] = {"gaussian_noise": kind(value)}   # Fig. 7 (files since 2026-11-27)
     protocol = SimpleNamespace(**extra["protocol"])
     return ledger(acc, group_means, budget_rows, abl, cos_mean, extra["calibration"],
                   protocol, document["quick"], pending=(extra.get("partial") or {}).get("reason"),
@@ -1022,7 +1032,8 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
         return dict(ours=", ".join(f"{k}: {v:.3f}" if v is not None else f"{k}: diverged"
                                    for k, v in zip(ABLATIONS[:3], scaling)),
                     holds=None not in scaling
-                    and fl["NP, GNS + QAS"] < min(fl["NP, no GNS"], fl["NP, no QAS"]))
+                    and fl["NP, GNS + QAS"] < min(fl["NP, no GNS"], fl["NP, no QAS"]),
+                    note=with_edges(None, ABLATIONS[:3], ["gaussian_noise"]))
 
     est = ABLATIONS[3:]
     adaptive = "layer-wise adaptive (PMT)"
@@ -1052,7 +1063,8 @@ def ledger(acc, group_means, budget_rows, abl, cos_mean, calibration, P, quick,
                   "training curve (one seed per ablation); ") + "the four layers are the last "
                  "four point-wise convolutions, where d_w < d_a for some and not others, so "
                  "adaptive is neither layer-wise WP nor layer-wise NP"
-                 + (f" (modes {modes})" if modes else ""))
+                 + (f" (modes {modes})" if modes else "")
+                 + (f"; {edge}" if (edge := with_edges(None, est, ["gaussian_noise"])) else ""))
 
     out = []
     for id, paper_ref, statement, paper, measure in entries:

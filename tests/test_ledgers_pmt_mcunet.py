@@ -369,3 +369,24 @@ def test_pmt_partial_report_counts_the_edge_choices_whose_widening_is_unfinished
     note = {c["id"]: c for c in pmt.ledger_from_result(doc)}[
         "bpfree-beats-mcutrain-noise"].get("note") or ""
     assert "or with the widening still to run" in note and "unfinished" not in note
+
+
+def test_pmt_fig7_claims_say_which_ablation_chose_a_rate_at_its_grid_edge(pmt):
+    """Fig. 7's ablations are sweeps widened like the others; their rows "chosen rate at a
+    grid edge" / "rates added past a grid edge" put the edge into the Fig. 7 claims' notes,
+    and a file without them (before 2026-11-27) has no such note."""
+    doc = copy.deepcopy(_document("pmt-quick.json"))   # a run with Fig. 7's rows
+    claims = {c["id"]: c for c in pmt.ledger_from_result(doc)}
+    assert "grid edge" not in (claims["adaptive-best-estimator"].get("note") or "")
+    assert "grid edge" not in (claims["gns-qas-needed"].get("note") or "")
+    doc["extra"]["widening"] = {"most_past_edge": 2, "added": {}}
+    for r in [r for r in doc["rows"] if r["table"] == pmt.TABLE_ABL
+              and r["metric"] == "final training loss"]:
+        for metric, value in (("chosen rate at a grid edge", r["method"] == "layer-wise WP"),
+                              ("rates added past a grid edge", 2)):
+            doc["rows"].append({**r, "metric": metric, "value": float(value)})
+    claims = {c["id"]: c for c in pmt.ledger_from_result(doc)}
+    note = claims["adaptive-best-estimator"]["note"]
+    assert "chosen rate at a grid edge (still, after widening the grid by up to 2" in note
+    assert "layer-wise WP 1/1 columns" in note and "unfinished" not in note
+    assert "grid edge" not in (claims["gns-qas-needed"].get("note") or "")

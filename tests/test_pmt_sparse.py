@@ -332,6 +332,34 @@ def test_widening_adds_one_rate_past_the_edge_a_sweep_chose(monkeypatch):
                                                    "rates": (32.0,)})}
 
 
+def test_fig7_ablation_sweeps_widen_by_their_lr_like_the_others():
+    """A Fig. 7 ablation is one task per rate that names its rate as ``lr`` (its key is the
+    grid position): at an edge it gets the same task at the next rate's ``lr``, which
+    added_rates counts and merge_grid joins, choosing over the widened grid."""
+    import _pmt_experiment as ex
+
+    P = Protocol(zo_lrs=(0.01, 0.03, 0.1, 0.3), bp_lrs=(1e-3, 3e-3, 1e-2, 3e-2),
+                 noqas_lsb=(0.25, 0.5, 2.0, 8.0))
+    part = lambda lr, val: {"lr": lr, "validation_accuracy": val, "accuracy": val,  # noqa: E731
+                            "last_loss": 1.0 / val, "modes": {"a": "np"}}
+    base = {"protocol": P, "config": "np", "trainable": ["a"], "epochs": 1}
+    tasks = {("ablation", "NP", i): ("ablation", {**base, "lr": lr})
+             for i, lr in enumerate(P.zo_lrs)}
+    tasks[("ablation", "WP", 0)] = ("ablation", {**base, "lr": 0.01})  # unfinished sweep
+    results = {k: part(t[1]["lr"], 50.0 - k[2]) for k, t in tasks.items() if k[1] == "NP"}
+    wider = ex.widening_tasks(results, tasks)
+    assert wider == {("ablation", "NP", -1): ("ablation", {**base, "lr": 0.00333})}
+    assert ex.added_rates(tasks) == {}
+    tasks.update(wider)
+    results[("ablation", "NP", -1)] = part(0.00333, 40.0)  # worse: bracketed
+    assert ex.widening_tasks(results, tasks) == {}
+    assert ex.added_rates(tasks) == {("ablation", "NP"): [0.00333]}
+    merged = ex.merge_grid(results, lambda key: key[0] in ex.SWEEP_KINDS)
+    np_ = merged[("ablation", "NP")]
+    assert np_["chosen"] == 0.01 and not np_["grid_edge"] and len(np_["runs"]) == 5
+    assert np_["modes"] == {"a": "np"} and np_["last_loss"] == 1.0 / 50.0
+
+
 def test_widen_trains_round_after_round_until_no_sweep_sits_on_an_edge():
     """widen(): each round trains the next rate of the sweeps still at an edge; a sweep
     whose new rate is worse stops; keys of another shape (pmt-seeds') choose the parts."""
