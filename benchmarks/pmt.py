@@ -149,24 +149,32 @@ def _pretrain(x, y, epochs: int, seed: int):
     return model.eval()
 
 
-def factory(quick: bool):
-    """Pretrained float model, its INT8 model and the clean data (shared with calibration)."""
+def factory(quick: bool, cache=None):
+    """Pretrained float model, its INT8 model and the clean data (shared with calibration).
+
+    ``cache``: a :class:`~bpfree.bench.task_cache.TaskCache` that keeps the pretrained model
+    (:func:`~bpfree.bench.task_cache.memoized`), so a full run resumed in a new session does
+    not pretrain again (about 20 minutes on 2 cores); None pretrains."""
+    from bpfree.bench.task_cache import memoized
     from bpfree.data import load_mnist
     from bpfree.quant import quantize_model
 
     cfg = _settings(quick)
     xtr, ytr = load_mnist(split="train")
     xte, yte = load_mnist(split="test")
-    n_pre = cfg["pretrain_images"]
+    n_pre, epochs = cfg["pretrain_images"], cfg["pretrain_epochs"]
     x_pre, y_pre = _tensor(xtr[:n_pre], ytr[:n_pre])
-    float_model = _pretrain(x_pre, y_pre, cfg["pretrain_epochs"], SEED)
+    float_model = memoized(cache, _pretrain, ("pretrain", x_pre, y_pre, epochs, SEED),
+                           lambda: _pretrain(x_pre, y_pre, epochs, SEED))
     qmodel = quantize_model(float_model, x_pre[:512], input_range=(0.0, 1.0))
     return cfg, float_model, qmodel, (xtr, ytr), (xte[:cfg["test_images"]], yte[:cfg["test_images"]])
 
 
 def calibrate_all(qmodel, train_images, train_labels, start_index: int,
-                  names=CORRUPTIONS) -> dict:
-    """Each corruption's strength for the paper's No Adaptation accuracy, on training images."""
+                  names=CORRUPTIONS, cache=None) -> dict:
+    """Each corruption's strength for the paper's No Adaptation accuracy, on training images
+    (kept in ``cache`` like :func:`factory`'s model)."""
+    from bpfree.bench.task_cache import memoized
     from bpfree.data.calibration import calibrate
     from bpfree.harness import accuracy
 
@@ -174,9 +182,11 @@ def calibrate_all(qmodel, train_images, train_labels, start_index: int,
         with torch.no_grad():
             return accuracy(qmodel, *_tensor(images, labels))
 
-    return {c: calibrate(train_images, train_labels, c, PAPER_TABLE7["no-adaptation"][c], score,
-                         seed=SEED, start_index=start_index).as_dict()
-            for c in names}
+    return memoized(cache, calibrate_all, ("calibration", qmodel, train_images, train_labels,
+                                           start_index, tuple(names)),
+                    lambda: {c: calibrate(train_images, train_labels, c,
+                                          PAPER_TABLE7["no-adaptation"][c], score, seed=SEED,
+                                          start_index=start_index).as_dict() for c in names})
 
 
 def _pointwise_layers(qmodel, example, count: int = 4) -> list[str]:
@@ -372,8 +382,11 @@ def run(quick: bool):
 
     t_start = time.perf_counter()
     torch.set_num_threads(default_workers())
+    # $BPFREE_TASK_CACHE: resume a cut-off run (the full run is long), the pretrained model
+    # and the calibration included
+    cache = task_cache(ROOT)
     t0 = time.perf_counter()
-    cfg, float_model, qmodel, (xtr, ytr), (xte, yte) = factory(quick)
+    cfg, float_model, qmodel, (xtr, ytr), (xte, yte) = factory(quick, cache)
     pretrain_s = time.perf_counter() - t0
     P = cfg["protocol"]
     clean_test = _tensor(xte, yte)
@@ -383,7 +396,7 @@ def run(quick: bool):
     tr_img, tr_lab = xtr[start:], ytr[start:]
 
     t0 = time.perf_counter()
-    calibration = calibrate_all(qmodel, tr_img, tr_lab, start)
+    calibration = calibrate_all(qmodel, tr_img, tr_lab, start, cache=cache)
     calibration_s = time.perf_counter() - t0
 
     def corrupted(c):
@@ -403,7 +416,6 @@ def run(quick: bool):
 
     # Phase 1: the §3.3.1 block selection (one trial epoch per block) and no adaptation: cheap,
     # and every later task can then be ordered by what it decides.
-    cache = task_cache(ROOT)  # $BPFREE_TASK_CACHE: resume a cut-off run (the full run is long)
     phase1: dict = {}
     for c in CORRUPTIONS:
         train, test = data[c]

@@ -63,10 +63,12 @@ def run(quick: bool):
     settings = _settings(quick)
     seeds, corruptions = settings["seeds"], settings["corruptions"]
     torch.set_num_threads(default_workers())
-    cfg, float_model, qmodel, (xtr, ytr), (xte, yte) = pmt.factory(quick)
+    cache = task_cache(pmt.ROOT)
+    cfg, float_model, qmodel, (xtr, ytr), (xte, yte) = pmt.factory(quick, cache)
     start = len(xtr) - 1000
     tr_img, tr_lab = xtr[start:], ytr[start:]
-    calibration = pmt.calibrate_all(qmodel, tr_img, tr_lab, start, names=corruptions)
+    calibration = pmt.calibrate_all(qmodel, tr_img, tr_lab, start, names=corruptions,
+                                    cache=cache)
     workers = default_workers()
     torch.set_num_threads(1)
 
@@ -88,7 +90,6 @@ def run(quick: bool):
     # per rate (resumable with BPFREE_TASK_CACHE); the task arguments are built exactly as
     # bench pmt builds them, so seed 0's runs are shared with it through the cache.
     grid = range(len(cfg["protocol"].zo_lrs))
-    cache = task_cache(pmt.ROOT)
     tasks: dict = {}
     for s in seeds:
         P = protocol[s]

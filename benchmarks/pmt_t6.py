@@ -128,10 +128,12 @@ def run(quick: bool):
     settings = _settings(quick)
     seeds = settings["seeds"]
     torch.set_num_threads(default_workers())
-    cfg, _, qmodel, (xtr, ytr), (xte, yte) = pmt.factory(quick)
+    cache = task_cache(pmt.ROOT)
+    cfg, _, qmodel, (xtr, ytr), (xte, yte) = pmt.factory(quick, cache)
     start = len(xtr) - 1000
     tr_img, tr_lab = xtr[start:], ytr[start:]
-    calibration = pmt.calibrate_all(qmodel, tr_img, tr_lab, start, names=(CORRUPTION,))
+    calibration = pmt.calibrate_all(qmodel, tr_img, tr_lab, start, names=(CORRUPTION,),
+                                    cache=cache)
     param = calibration[CORRUPTION]["param"]
     param = tuple(param) if isinstance(param, list) else param
     keep = settings["train_images"] or len(tr_lab)
@@ -147,7 +149,6 @@ def run(quick: bool):
     blocks = blocks_of(qmodel, example, P0)
     workers = default_workers()
     torch.set_num_threads(1)
-    cache = task_cache(pmt.ROOT)
 
     # Phase 1: PMT's §3.3.1 selection and no adaptation, per seed.
     phase1 = {}

@@ -329,6 +329,12 @@ def test_memoized_runs_a_task_once_per_revision(tmp_path):
     memoized(TaskCache(tmp_path, salt="rev2"), train, task, lambda: train(task))
     memoized(None, train, task, lambda: train(task))
     assert calls == [task, ("ZO", 4), task, task]
+    # a report-only cache reads what its revision stored and writes nothing it computes
+    files = sorted(tmp_path.iterdir())
+    report = TaskCache(tmp_path, salt="rev1", report_only=True)
+    assert memoized(report, train, task, lambda: train(task)) == {"mse": 6.0}
+    assert memoized(report, train, ("ZO", 5), lambda: train(("ZO", 5))) == {"mse": 10.0}
+    assert calls[-1] == ("ZO", 5) and sorted(tmp_path.iterdir()) == files
 
 
 def test_a_run_goes_on_at_a_newer_revision_reusing_an_ancestors_results(tmp_path,

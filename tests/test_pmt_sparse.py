@@ -396,3 +396,44 @@ def test_a_widened_int8_bp_without_qas_task_trains_its_lsb_rate(models):
     rates, rms = noqas_rates(qmodel, xt[:TINY.batch_size], yt[:TINY.batch_size], (3.0,))
     assert out["chosen"] == rates[0] == pytest.approx(3.0 / rms)
     assert out["lsb_past_edge"] == [3.0] and "lsb_grid" not in out
+
+
+def test_pmt_factory_and_calibration_are_kept_in_the_task_cache(tmp_path, monkeypatch):
+    """bench pmt's pretrained model and calibrated strengths are memoized in the task cache:
+    a run resumed in a new process reads them back (the same weights) instead of pretraining
+    again (about 20 minutes of every full-run session); without a cache they are computed."""
+    import numpy as np
+
+    import bpfree.data
+    import bpfree.data.calibration
+    from bpfree.bench.runner import load_module
+    from bpfree.bench.task_cache import TaskCache
+
+    pmt = load_module("pmt")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (96, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 96)
+    monkeypatch.setattr(bpfree.data, "load_mnist", lambda split: (images, labels))
+    settings = pmt._settings(True)
+    monkeypatch.setattr(pmt, "_settings", lambda quick: dict(
+        settings, pretrain_images=64, pretrain_epochs=1, test_images=32))
+    pretrained, calibrated = [], []
+    real = pmt._pretrain
+    monkeypatch.setattr(pmt, "_pretrain", lambda *a: pretrained.append(1) or real(*a))
+
+    class Found:
+        def as_dict(self):
+            return {"param": 0.5}
+
+    monkeypatch.setattr(bpfree.data.calibration, "calibrate",
+                        lambda *a, **k: calibrated.append(a[2]) or Found())
+    models = []
+    for cache in (TaskCache(tmp_path, salt="rev"), TaskCache(tmp_path, salt="rev"), None):
+        _, float_model, qmodel, (xtr, ytr), _ = pmt.factory(True, cache)
+        cal = pmt.calibrate_all(qmodel, xtr[:8], ytr[:8], 0, names=("fog", "contrast"),
+                                cache=cache)
+        assert cal == {"fog": {"param": 0.5}, "contrast": {"param": 0.5}}
+        models.append(float_model.state_dict())
+    assert len(pretrained) == 2 and calibrated == ["fog", "contrast"] * 2  # not the 2nd run
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+    assert all(torch.equal(models[0][k], models[2][k]) for k in models[0])  # deterministic

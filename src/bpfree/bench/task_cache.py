@@ -211,13 +211,17 @@ def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable
     For benchmarks that train one run after another in the parent process rather than
     through :func:`~bpfree.bench.parallel.run_keyed`: ``task`` names the run (what it
     depends on besides the revision, e.g. ``(kind, network, seed, config)``) and must pickle;
-    ``compute`` is not called when the cache holds it.
+    ``compute`` is not called when the cache holds it. A report-only cache
+    (``$BPFREE_TASK_CACHE_REPORT``) is read, never written: what this revision computes is
+    not the reported revision's result.
     """
     if cache is None:
         return compute()
     path, found, value = cache.find(fn, task)
     if found:
         return value
+    if cache.report_only:
+        return compute()
     with active(FitSnapshots(snapshots_of(path))):
         value = compute()
     cache.write(path, value)
