@@ -73,6 +73,31 @@ def test_run_keyed_many_tensor_tasks_through_a_pool():
     assert out == {i: 32.0 * i for i in range(300)}
 
 
+def _bump(weight) -> dict:
+    weight.add_(1.0)        # in place, as a weight perturbation is (never restored here)
+    return {"sum": float(weight.sum())}
+
+
+def _bump_task(task):
+    return parallel.run_named_task({"bump": _bump}, task, seconds_key="seconds")
+
+
+def test_a_pool_task_changes_its_own_copy_not_the_shared_tensor():
+    """A tensor sent to a spawn pool shares its storage with the parent and every other task
+    that got it; run_named_task runs each task on a deep copy, so an in-place change in one
+    task is seen by no other and not by the parent (PMT's Fig. 5 cosine tasks, perturbing
+    one shared model side by side, made each other's estimates wrong)."""
+    import torch
+
+    shared = torch.zeros(4)
+    tasks = {i: ("bump", {"weight": shared}) for i in range(4)}
+    out = run_keyed(_bump_task, tasks, workers=2)
+    assert [out[i]["sum"] for i in range(4)] == [4.0] * 4
+    assert torch.equal(shared, torch.zeros(4))
+    assert run_keyed(_bump_task, tasks, workers=1)[0]["sum"] == 4.0
+    assert torch.equal(shared, torch.zeros(4))
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux-only")
 def test_pool_workers_end_when_the_parent_is_killed(tmp_path):
     """SIGKILL to a benchmark's main process alone must not leave its workers running."""

@@ -8,6 +8,7 @@ already started torch's thread pools can deadlock.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import copy
 import ctypes
 import functools
 import multiprocessing
@@ -157,12 +158,18 @@ def run_named_task(tasks: Mapping[str, Callable[..., dict]], task: tuple[str, di
                    seconds_key: str) -> dict:
     """Process-pool entry point shared by experiment drivers: ``task = (kind, kwargs)`` runs
     ``tasks[kind](**kwargs)`` on one CPU thread (the pool supplies the parallelism) and adds
-    its wall time under ``seconds_key``."""
+    its wall time under ``seconds_key``.
+
+    The task runs on its own deep copy of ``kwargs``. A tensor sent to a spawn pool keeps
+    its storage in shared memory, one storage for the parent and for every task that got the
+    same tensor (torch.multiprocessing), so an in-place change (a weight perturbed and
+    restored, as PMT's Fig. 5 cosines do) would race with the tasks running beside it: two
+    such tasks made each other's estimates wrong. A copy costs milliseconds here."""
     torch.set_num_threads(1)
     kind, kwargs = task
     if kind not in tasks:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {sorted(tasks)}")
     t0 = time.perf_counter()
-    out = tasks[kind](**kwargs)
+    out = tasks[kind](**copy.deepcopy(kwargs))
     out[seconds_key] = time.perf_counter() - t0
     return out
