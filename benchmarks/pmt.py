@@ -154,7 +154,7 @@ def factory(quick: bool, cache=None):
 
     ``cache``: a :class:`~bpfree.bench.task_cache.TaskCache` that keeps the pretrained model
     (:func:`~bpfree.bench.task_cache.memoized`), so a full run resumed in a new session does
-    not pretrain again (about 20 minutes on 2 cores); None pretrains."""
+    not pretrain again (`extra.pretrain_seconds` of every start); None pretrains."""
     from bpfree.bench.task_cache import memoized
     from bpfree.data import load_mnist
     from bpfree.quant import quantize_model

@@ -401,7 +401,7 @@ def test_a_widened_int8_bp_without_qas_task_trains_its_lsb_rate(models):
 def test_pmt_factory_and_calibration_are_kept_in_the_task_cache(tmp_path, monkeypatch):
     """bench pmt's pretrained model and calibrated strengths are memoized in the task cache:
     a run resumed in a new process reads them back (the same weights) instead of pretraining
-    again (about 20 minutes of every full-run session); without a cache they are computed."""
+    again at every start; without a cache they are computed."""
     import numpy as np
 
     import bpfree.data
