@@ -25,8 +25,8 @@ class Points(list):
     holds the same three columns as tensors (``tensor`` and ``offset`` int64, ``step``
     float64, one entry per point), so that an evaluator working on tensors
     (:func:`bpfree.ttzo.layerwise.layerwise_losses`) reads them without unzipping the
-    tuples again: that unzip cost ~13 ms of every CGE step at the d = 8,314 of TT-ZO's
-    r = 10 TT-MLP (issue 32)."""
+    tuples again: that unzip of 8,314 tuples was the top entry of a profile of TT-ZO's
+    r = 10 CGE step (issue 32; its timed gain was within this machine's load)."""
 
     def __init__(self, tensor: torch.Tensor, offset: torch.Tensor, steps: tuple[float, ...]):
         n = len(steps)
