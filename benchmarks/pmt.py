@@ -149,13 +149,40 @@ def _pretrain(x, y, epochs: int, seed: int):
     return model.eval()
 
 
+def _pretrained_weights(x, y, epochs: int, seed: int) -> dict:
+    """:func:`_pretrain`'s weights (the value :func:`_pretrained` keeps in a task cache)."""
+    return _pretrain(x, y, epochs, seed).state_dict()
+
+
+def _pretrained(cache, x, y, epochs: int, seed: int):
+    """:func:`_pretrain`'s model, its weights kept in ``cache`` (None: pretrain).
+
+    The cache keeps the weights only, and the model is built afresh around them: a module
+    read back from a pickle shares its equal strings (its children's names) where a module
+    built by its constructor does not, and :func:`~bpfree.bench.task_cache.task_digest`,
+    like pickle, writes a shared object as a back-reference. Every task holding an unpickled
+    model would then get a new key, and a resumed run would train again all the runs that
+    the BP baselines had finished (it did, once: 4 of 160, before it was stopped)."""
+    from bpfree.bench.task_cache import memoized
+    from bpfree.models import mnist_mobilenet
+
+    if cache is None:
+        return _pretrain(x, y, epochs, seed)
+    state = memoized(cache, _pretrained_weights, ("pretrain-weights", x, y, epochs, seed),
+                     lambda: _pretrained_weights(x, y, epochs, seed))
+    # The global generator then ends in the same state whether the weights were read or trained.
+    torch.manual_seed(seed)
+    model = mnist_mobilenet()
+    model.load_state_dict(state)
+    return model.eval()
+
+
 def factory(quick: bool, cache=None):
     """Pretrained float model, its INT8 model and the clean data (shared with calibration).
 
-    ``cache``: a :class:`~bpfree.bench.task_cache.TaskCache` that keeps the pretrained model
-    (:func:`~bpfree.bench.task_cache.memoized`), so a full run resumed in a new session does
-    not pretrain again (`extra.pretrain_seconds` of every start); None pretrains."""
-    from bpfree.bench.task_cache import memoized
+    ``cache``: a :class:`~bpfree.bench.task_cache.TaskCache` that keeps the pretrained
+    weights (:func:`_pretrained`), so a full run resumed in a new session does not pretrain
+    again (`extra.pretrain_seconds` of every start); None pretrains."""
     from bpfree.data import load_mnist
     from bpfree.quant import quantize_model
 
@@ -164,8 +191,7 @@ def factory(quick: bool, cache=None):
     xte, yte = load_mnist(split="test")
     n_pre, epochs = cfg["pretrain_images"], cfg["pretrain_epochs"]
     x_pre, y_pre = _tensor(xtr[:n_pre], ytr[:n_pre])
-    float_model = memoized(cache, _pretrain, ("pretrain", x_pre, y_pre, epochs, SEED),
-                           lambda: _pretrain(x_pre, y_pre, epochs, SEED))
+    float_model = _pretrained(cache, x_pre, y_pre, epochs, SEED)
     qmodel = quantize_model(float_model, x_pre[:512], input_range=(0.0, 1.0))
     return cfg, float_model, qmodel, (xtr, ytr), (xte[:cfg["test_images"]], yte[:cfg["test_images"]])
 

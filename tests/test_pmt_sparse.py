@@ -437,3 +437,50 @@ def test_pmt_factory_and_calibration_are_kept_in_the_task_cache(tmp_path, monkey
     assert len(pretrained) == 2 and calibrated == ["fog", "contrast"] * 2  # not the 2nd run
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
     assert all(torch.equal(models[0][k], models[2][k]) for k in models[0])  # deterministic
+
+
+_FACTORY_DIGEST = r"""
+import sys
+import numpy as np
+import torch
+import bpfree.data
+from bpfree.bench.runner import load_module
+from bpfree.bench.task_cache import TaskCache, task_digest
+
+pmt = load_module("pmt")
+rng = np.random.default_rng(0)
+images = rng.integers(0, 256, (96, 28, 28), dtype=np.uint8)
+labels = rng.integers(0, 10, 96)
+bpfree.data.load_mnist = lambda split: (images, labels)
+settings = pmt._settings(True)
+pmt._settings = lambda quick: dict(settings, pretrain_images=64, pretrain_epochs=1,
+                                   test_images=32)
+cache = None if sys.argv[1] == "-" else TaskCache(__import__("pathlib").Path(sys.argv[1]), "rev")
+_, float_model, qmodel, _, _ = pmt.factory(True, cache)
+print(task_digest({"float_model": float_model, "qmodel": qmodel}))
+"""
+
+
+def test_pmt_factory_models_have_the_same_task_digest_whether_trained_or_read_back(tmp_path):
+    """The tasks that hold bench pmt's factory models keep their cache keys across a resumed
+    run: in fresh processes, the models pretrained without a cache, pretrained into one, and
+    read back from it give the same task digest. (A pickled module read back shares its
+    equal strings, and the digest, like pickle, saw that: every BP task of the resumed full
+    run had a new key.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "digest.py"
+    script.write_text(_FACTORY_DIGEST)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+
+    def digest(arg: str) -> str:
+        out = subprocess.run([sys.executable, str(script), arg], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).resolve().parents[1])
+        return out.stdout.strip().splitlines()[-1]
+
+    fresh, written, read = digest("-"), digest(str(folder)), digest(str(folder))
+    assert len(list(folder.glob("*.pkl"))) == 1  # the third process read the weights
+    assert fresh == written == read

@@ -199,7 +199,13 @@ class _DigestPickler(pickle._Pickler):  # the Python pickler: it asks reducer_ov
 
 def task_digest(task: Any) -> str:
     """A SHA-256 of ``task`` that is the same in every process for equal tasks: the task
-    pickled, with every tensor replaced by its dtype, shape and a digest of its bytes."""
+    pickled, with every tensor replaced by its dtype, shape and a digest of its bytes.
+
+    Like pickle, it writes an object met twice as a back-reference, so it sees sharing: a
+    module read back from a pickle shares its equal strings where one built by its
+    constructor does not, and the two digest differently. Build what a task holds the same
+    way in every process (``benchmarks/pmt.py``'s ``_pretrained`` keeps weights, not the
+    module, for that reason)."""
     buffer = io.BytesIO()
     _DigestPickler(buffer, protocol=4).dump(task)
     return hashlib.sha256(buffer.getvalue()).hexdigest()
