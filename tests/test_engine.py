@@ -59,6 +59,12 @@ CONVS = [
     dict(c_in=32, c_out=32, k=3, stride=2, padding=1, groups=32),  # depthwise interior, s2
     dict(c_in=16, c_out=16, k=3, padding=2, dilation=2, groups=16),  # depthwise, dilated
     dict(c_in=8, c_out=8, k=3, padding=0, groups=8, zp_in=127),    # depthwise, no border
+    dict(c_in=300, c_out=16, k=1),                                 # rows kernel, K past pairs
+    dict(c_in=3, c_out=16, k=3, stride=2, padding=1, zp_in=-128),  # stem Ci = 3, framed input
+    dict(c_in=4, c_out=8, k=3, padding=2, dilation=2, zp_in=127),  # framed conv, dilated
+    dict(c_in=5, c_out=16, k=2, stride=(1, 2)),                    # conv tiles, no padding
+    dict(c_in=32, c_out=32, k=5, padding=2, groups=32),            # depthwise taps in pairs, odd
+    dict(c_in=16, c_out=16, k=3, stride=2, padding=1, groups=16, zp_in=-128),  # framed, s2
 ]
 
 
@@ -136,13 +142,21 @@ def test_linear_matches_reference(k_in, c_out):
         assert torch.equal(_fast(layer).run(0, x), layer(x))
 
 
+@pytest.mark.parametrize("spec", [
+    dict(c_in=8, c_out=12, k=3, padding=1),               # the generic convolution
+    dict(c_in=8, c_out=16, k=1),                          # rows kernel, rows in pairs
+    dict(c_in=1, c_out=8, k=3, padding=1),                # conv tiles on a framed input
+    dict(c_in=16, c_out=16, k=3, padding=1, groups=16),   # depthwise, taps in pairs
+    dict(c_in=24, c_out=24, k=3, padding=1, groups=24),   # depthwise, eight channels
+], ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
 @pytest.mark.parametrize("broadcast", [False, True])
-def test_node_offset_matches_reference(broadcast):
+def test_node_offset_matches_reference(broadcast, spec):
     """PMT Eq. 9: the offset is added after int8 saturation, before the activation clamp."""
     gen = torch.Generator().manual_seed(3)
-    conv = _conv(gen, 8, 12, 3, padding=1)
-    x = _int8(4, 8, 7, 7, gen=gen)
-    shape = (12, 1, 1) if broadcast else (4, 12, 7, 7)
+    conv = _conv(gen, **spec)
+    x = _int8(4, spec["c_in"], 7, 7, gen=gen)
+    c = spec["c_out"]
+    shape = (c, 1, 1) if broadcast else (4, c, 7, 7)
     conv.node_offset = torch.randint(-100, 101, shape, generator=gen, dtype=torch.int16)
     try:
         assert torch.equal(_fast(conv).run(0, x), conv(x))
