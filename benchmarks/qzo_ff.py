@@ -20,6 +20,7 @@ set, shown for the shape of the comparison.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -29,7 +30,8 @@ import torch
 from bpfree.bench.claims import (UNDECIDED, all_hold, claim, exceeds, order, se_from_std,
                                  tolerance, within)
 from bpfree.plotting import pyplot, save_figure
-from bpfree.bench.parallel import default_workers, spawn_pool
+from bpfree.bench.parallel import cached_submit, default_workers, spawn_pool
+from bpfree.bench.task_cache import from_environment as task_cache
 from bpfree.bench.rate_grid import rate_past_edge
 
 NAME = "qzo-ff"
@@ -1003,24 +1005,27 @@ def run(quick: bool):
     workers = default_workers()
     timings = {}
     fs_common = fewshot_common(cfg, seed)
+    # $BPFREE_TASK_CACHE: resume a cut-off run; every task's result is kept as it arrives
+    cache = task_cache(ROOT)
     with spawn_pool(workers) as pool:
+        submit = functools.partial(cached_submit, pool, cache)
         # Stage 1: the two BP-pretrained backbones; as soon as the few-shot one (digits 0-4)
         # is ready, the few-shot learning rates are chosen on validation episodes (training
         # images of the held-out classes) while the other backbone still trains.
         # The ViT's pretraining is the longest task of stage 1, and its blocks the longest
         # of stage 2: it goes first.
         vit_cfg = cfg["vit"]
-        fv = pool.submit(run_vit_task, ("pretrain_vit", dict(
+        fv = submit(run_vit_task, ("pretrain_vit", dict(
             images=vit_cfg["images"], epochs=vit_cfg["epochs"], lr=vit_cfg["lr"],
             head_epochs=vit_cfg["head_epochs"], seed=seed)))
-        fa = pool.submit(run_task, fewshot_backbone_task(cfg, seed))
-        fb = pool.submit(run_task, ("pretrain", dict(kind="mnist", classes=None, lr=3e-3,
+        fa = submit(run_task, fewshot_backbone_task(cfg, seed))
+        fb = submit(run_task, ("pretrain", dict(kind="mnist", classes=None, lr=3e-3,
                                                       seed=seed, **cfg["pre_b"])))
         pre_a = fa.result()
         futures = {fv: ("pretrain_vit",)}
         for dom, (kind, classes) in FEW_DOMAINS.items():
             for mth in FEWSHOT_TUNED:
-                futures[pool.submit(run_task, ("fewshot_validate", dict(
+                futures[submit(run_task, ("fewshot_validate", dict(
                     state=pre_a["state"], kind=kind, classes=classes, method=mth,
                     episodes=cfg["fs_val_episodes_lp" if "LP" in mth else "fs_val_episodes"],
                     lrs=cfg["fs_lrs"], **fs_common)))] = (
@@ -1058,7 +1063,7 @@ def run(quick: bool):
                     state=pre_b["state"], corruption=c, severity=sev, variants=variants,
                     epochs=cfg["ood_epochs"], seeds=cfg["seeds"], data_seed=seed, **ood_size))
         t2 = time.perf_counter()
-        futures.update({pool.submit(run_task, task): key for key, task in tasks.items()})
+        futures.update({submit(run_task, task): key for key, task in tasks.items()})
         # Memory accounting runs here while the pool works.
         mem_rows = _memory_rows(batch_size=25, m=3)
         mem_png = plot_scratch_vs_weights(mem_rows, FIGURES / f"qzo-ff-{mode}-memory.png",
@@ -1077,7 +1082,7 @@ def run(quick: bool):
                     pre_vit = results[key]
                     for c in vit_cfg["corruptions"]:
                         for level, sev in SEVERITIES.items():
-                            futures[pool.submit(run_vit_task, ("vit_ood", dict(
+                            futures[submit(run_vit_task, ("vit_ood", dict(
                                 state=pre_vit["state"], head3=pre_vit["head3"], corruption=c,
                                 severity=sev, blocks=vit_blocks(c, level),
                                 epochs=vit_cfg["adapt_epochs"], batch_size=vit_cfg["batch"],
@@ -1088,7 +1093,7 @@ def run(quick: bool):
                     runs = {lab: {k: v for k, v in run.items() if k != "rate_of"}
                             | {"lr": chosen[run["rate_of"]]["lr"]}
                             for lab, run in land_runs.items()}
-                    futures[pool.submit(run_task, ("landscape", dict(
+                    futures[submit(run_task, ("landscape", dict(
                         state=pre_b["state"], corruption=hard[0], severity=hard[1], runs=runs,
                         paths=land_paths, epochs=min(cfg["ood_epochs"], 30), seed=seed,
                         data_seed=seed, steps=cfg["landscape_steps"])))] = ("landscape",)
@@ -1102,7 +1107,7 @@ def run(quick: bool):
                 if nxt is not None and val.get("extensions", 0) < MAX_EDGE_EXTENSIONS:
                     val_pending[(dom, mth)] = val
                     kind, classes = FEW_DOMAINS[dom]
-                    futures[pool.submit(run_task, ("fewshot_validate", dict(
+                    futures[submit(run_task, ("fewshot_validate", dict(
                         state=pre_a["state"], kind=kind, classes=classes, method=mth,
                         episodes=val["episodes"], lrs=(nxt,), **fs_common)))] = (
                         "fewshot_val", dom, mth, val.get("extensions", 0) + 1)
@@ -1114,13 +1119,13 @@ def run(quick: bool):
                 lrs.update({mth: lrs[src] for mth, src in FEWSHOT_SHARED.items()})
                 fs_lrs[dom] = lrs
                 kind, classes = FEW_DOMAINS[dom]
-                futures[pool.submit(run_task, ("fewshot_diagnostic", dict(
+                futures[submit(run_task, ("fewshot_diagnostic", dict(
                     state=pre_a["state"], kind=kind, classes=classes, lrs=lrs,
                     episodes=cfg["fs_diag_episodes"], eps_values=cfg["eps_values"],
                     **fs_common)))] = ("fewshot_diag", dom)
                 for lo, task in fewshot_chunk_tasks(cfg, seed, pre_a["state"], kind, classes,
                                                     lrs).items():
-                    futures[pool.submit(run_task, task)] = ("fewshot", dom, lo)
+                    futures[submit(run_task, task)] = ("fewshot", dom, lo)
         timings["stage2"] = time.perf_counter() - t2
 
     rows = []
@@ -1438,5 +1443,6 @@ def run(quick: bool):
         "vit_seconds": {f"{k[1]} {k[2]}": r["wall_seconds"] for k, r in results.items()
                         if k[0] == "vit"},
         "timings": dict(timings, total=time.perf_counter() - t_start),
+        "resumed_runs": 0 if cache is None else cache.hits,
     }
     return rows, extra

@@ -443,3 +443,43 @@ def test_same_result_names_every_difference_but_timings():
     assert same_result(a, {**a, "extra": 1}) == ["result['extra'] only in the second"]
     assert same_result([1, 2], [1]) == ["result: lengths 2 and 1"]
     assert same_result(1, 1.0) == ["result: 1 != 1.0"]  # a type change is a difference
+
+
+def test_cached_submit_runs_a_task_once_and_stores_it_as_it_arrives(tmp_path):
+    """A benchmark that schedules its own tasks (bench qzo-ff) resumes through
+    ``cached_submit``: a stored task comes back finished without running, a new one is
+    stored when it finishes, a failed one is not, and a report-only cache refuses to run."""
+    import concurrent.futures as cf
+
+    from bpfree.bench.parallel import cached_submit
+    from bpfree.bench.task_cache import PartialRunError, TaskCache
+
+    calls = []
+
+    def train(task):
+        calls.append(task)
+        if task == "boom":
+            raise RuntimeError("diverged")
+        return {"acc": len(task)}
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        cache = TaskCache(tmp_path, salt="rev1")
+        futures = [cached_submit(pool, cache, train, t) for t in ("x", "yy", "boom")]
+        cf.wait(futures)
+        assert [f.result() for f in futures[:2]] == [{"acc": 1}, {"acc": 2}]
+        assert isinstance(futures[2].exception(), RuntimeError)
+    assert len(list(tmp_path.glob("*.pkl"))) == 2  # the failed task stored nothing
+    calls.clear()
+    with cf.ThreadPoolExecutor(2) as pool:
+        again = TaskCache(tmp_path, salt="rev1")
+        done = cached_submit(pool, again, train, "yy")
+        assert done.done() and done.result() == {"acc": 2}  # finished before it was awaited
+        assert cached_submit(pool, again, train, "zzz").result() == {"acc": 3}
+        assert cached_submit(pool, None, train, "yy").result() == {"acc": 2}  # no cache: runs
+    assert calls == ["zzz", "yy"] and again.hits == 1
+    report = TaskCache(tmp_path, salt="rev1", report_only=True)
+    with cf.ThreadPoolExecutor(1) as pool:
+        assert cached_submit(pool, report, train, "x").result() == {"acc": 1}
+        with pytest.raises(PartialRunError, match="has not finished"):
+            cached_submit(pool, report, train, "new")
+    assert report.missing == 1 and calls == ["zzz", "yy"]

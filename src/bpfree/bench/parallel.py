@@ -25,7 +25,7 @@ from ..progress import progress_bar
 from .environment import cpu_model
 from .task_cache import PartialRunError, TaskCache, run_resumable, snapshots_of
 
-__all__ = ["default_workers", "spawn_pool", "run_keyed"]
+__all__ = ["default_workers", "spawn_pool", "run_keyed", "cached_submit"]
 
 
 def default_workers(limit: int = 2) -> int:
@@ -145,6 +145,41 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
         return results
     finally:
         bar.close()
+
+
+def cached_submit(pool: cf.Executor, cache: TaskCache | None, fn: Callable[[Any], Any],
+                  task: Any) -> cf.Future:
+    """``pool.submit(fn, task)`` through ``cache``, for benchmarks that schedule their tasks
+    themselves (a task submitted when another finishes) rather than through
+    :func:`run_keyed`: a task the cache holds comes back as a finished future without
+    running; any other runs with epoch snapshots beside its cache file
+    (:func:`~bpfree.bench.task_cache.run_resumable`) and its result is stored the moment it
+    arrives, so a run cut off resumes where it stopped. A report-only cache raises
+    :class:`PartialRunError` for a task it lacks (the caller cannot report without it).
+
+    The task digest sees object sharing (:func:`~bpfree.bench.task_cache.task_digest`):
+    build a task from the same kinds of objects whether its inputs were computed or read
+    back from the cache (a state dict, not a module)."""
+    if cache is None:
+        return pool.submit(fn, task)
+    path, found, value = cache.find(fn, task)
+    if found:
+        done: cf.Future = cf.Future()
+        done.set_result(value)
+        return done
+    if cache.report_only:
+        cache.missing += 1
+        raise PartialRunError(f"a task of {getattr(fn, '__qualname__', fn)} has not finished "
+                              f"in the run of {cache.salt} (report-only cache, "
+                              f"{cache.directory})")
+    future = pool.submit(functools.partial(run_resumable, fn, snapshots_of(path)), task)
+
+    def store(f: cf.Future) -> None:
+        if not f.cancelled() and f.exception() is None:
+            cache.write(path, f.result())
+
+    future.add_done_callback(store)
+    return future
 
 
 def pool_device(workers: int) -> str:
