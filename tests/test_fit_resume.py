@@ -187,3 +187,24 @@ def test_a_cut_off_mcutrain_run_keeps_its_unrounded_weights_across_the_cut(tmp_p
     assert log.loss == ref_log.loss
     for a, b in zip(ref_model.state_dict().values(), model.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_an_unpicklable_method_is_warned_about_once_per_process(tmp_path, caplog):
+    """A method that cannot be snapshotted (QZO-FF's quantizer hooks) trains on without
+    snapshots; the warning says so once, not at every fit of a long benchmark."""
+    import logging
+
+    from bpfree.checkpoint import resume
+
+    class Hooked:
+        def __init__(self):
+            self.hook = lambda: None  # a lambda does not pickle
+
+    resume._UNPICKLABLE_WARNED.discard("Hooked")
+    model = torch.nn.Linear(2, 1)
+    with caplog.at_level(logging.WARNING, logger=resume.log.name):
+        for i in range(3):
+            snap = resume.FitSnapshot(tmp_path / f"s{i}.pkl")
+            snap.save({"epoch": 1}, Hooked(), model)
+            assert snap.broken and not (tmp_path / f"s{i}.pkl").exists()
+    assert sum("does not pickle" in r.getMessage() for r in caplog.records) == 1

@@ -114,6 +114,10 @@ class _Unpickler(pickle.Unpickler):
         return self.model.get_buffer(name)
 
 
+#: Method kinds whose snapshot failed to pickle, already warned about in this process.
+_UNPICKLABLE_WARNED: set[str] = set()
+
+
 class FitSnapshot:
     """One ``fit`` call's snapshot file: :meth:`save` at an epoch's end, :meth:`load` on entry."""
 
@@ -130,8 +134,11 @@ class FitSnapshot:
         try:
             _Pickler(buffer, _model_refs(model)).dump(method)
         except (pickle.PicklingError, TypeError, AttributeError) as err:
-            log.warning("fit: %s does not pickle (%s); this run keeps no epoch snapshots and "
-                        "restarts from epoch 0 if it is cut off", type(method).__name__, err)
+            kind = type(method).__name__
+            if kind not in _UNPICKLABLE_WARNED:  # once per kind and process, not per fit
+                _UNPICKLABLE_WARNED.add(kind)
+                log.warning("fit: %s does not pickle (%s); its runs keep no epoch snapshots "
+                            "and restart from epoch 0 if cut off", kind, err)
             self.broken = True
             return
         payload = {"state": state, "model_state": model.state_dict(),
