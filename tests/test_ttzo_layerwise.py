@@ -425,3 +425,23 @@ def test_dense_mlp_cge_steps_are_bit_identical_to_the_einsum_form(monkeypatch):
     ref_losses, ref_weights = run()
     assert losses == ref_losses
     assert all(torch.equal(w, r) for w, r in zip(weights, ref_weights))
+
+
+def test_kinks_of_a_subset_step_skip_entries_not_asked_for_when_the_jacobian_is_not_finite():
+    """A CGE step over a coordinate subset of a diverged model (an infinite Jacobian entry):
+    an entry not asked for has δ = 0, and 0·inf is NaN, which "crosses" ReLU's kink. It
+    has no column (-1) and must be skipped, not indexed (it raised IndexError inside
+    bench tt-zo's seeded runs); entries asked for still get their exact kink."""
+    from bpfree.ttzo.layerwise import _add_kinks
+
+    shape = (1, 2, 2, 1)                            # (r0, m, n, r1): E = 2 entries, 2 digits
+    zv = torch.tensor([0.05, -1.0], dtype=torch.float64).view(1, 1, 2, 1)   # (B, O, m, P)
+    wv = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]],
+                      dtype=torch.float64).view(3, 1, 2, 1)                  # (C, O, m, P)
+    jac = torch.tensor([-1.0, float("inf")], dtype=torch.float64).view(1, 2, 1, 1)
+    cols, deltas = torch.tensor([0]), torch.tensor([0.1], dtype=torch.float64)  # entry 0, digit 0
+    h = torch.zeros(1, 1, 3, dtype=torch.float64)
+    _add_kinks(h, jac, zv, wv, shape, cols, deltas)
+    # entry 0 at digit 0: z = 0.05 moves by 0.1·(-1) to -0.05, crossing the kink:
+    # κ = relu(-0.05) - relu(0.05) - (-0.1) = 0.05, times W'[:, output (0, 0, 0)]
+    assert torch.allclose(h.view(-1), 0.05 * wv[:, 0, 0, 0])

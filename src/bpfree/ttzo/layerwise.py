@@ -497,11 +497,20 @@ def _add_kinks(h, jac, zv, wv, shape, cols, deltas) -> None:
         if not crossed.numel():
             continue
         k, e = crossed // E, crossed % E
+        us_k = us.index_select(0, k)
+        col = column.view(-1).index_select(0, us_k * E + e)
+        if bool((col < 0).any()):
+            # an entry not asked for (δ = 0) "crosses" only where J is not finite (0·inf is
+            # NaN): a diverged model. Its loss is not wanted, and its column is -1.
+            keep = (col >= 0).nonzero().squeeze(1)
+            crossed, k, e, us_k, col = (t.index_select(0, keep)
+                                        for t in (crossed, k, e, us_k, col))
+            if not crossed.numel():
+                continue
         zk = zc.view(-1).index_select(0, k)
         ak, mk = after.view(-1).index_select(0, crossed), moved.view(-1).index_select(0, crossed)
         kink = ak.relu() - zk.relu() - mk * (zk > 0)
-        us_k = us.index_select(0, k)
-        rows = bs.index_select(0, k) * c + column.view(-1).index_select(0, us_k * E + e)
+        rows = bs.index_select(0, k) * c + col
         outputs = (os_.index_select(0, k) * m + us_k) * P + ps.index_select(0, k)
         # on the flat view: one scalar add per element in the same order as a row-wise
         # index_add_, which adds (C,) rows one by one (2.5x slower, torch 2.13 CPU)
