@@ -63,6 +63,14 @@ def spawn_pool(workers: int) -> cf.ProcessPoolExecutor:
                                   mp_context=multiprocessing.get_context("spawn"))
 
 
+def _resumable(fn: Callable[[Any], Any], path) -> Callable[[Any], Any]:
+    """``fn`` run with epoch snapshots beside its task-cache file ``path``
+    (:func:`~bpfree.bench.task_cache.run_resumable`), so a task cut off mid-run resumes
+    inside itself, not only at the next task. Shared by :func:`run_keyed` and
+    :func:`cached_submit`, the two ways a benchmark submits cached tasks."""
+    return functools.partial(run_resumable, fn, snapshots_of(path))
+
+
 def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: int,
               order: list | None = None, progress: str | None = None,
               cache: TaskCache | None = None, partial: bool = False) -> dict:
@@ -107,7 +115,7 @@ def run_keyed(fn: Callable[[Any], Any], tasks: Mapping[Hashable, Any], workers: 
         # inside itself, not only at the next task (checkpoint.resume).
         if cache is None:
             return fn, tasks[k]
-        return functools.partial(run_resumable, fn, snapshots_of(paths[k])), tasks[k]
+        return _resumable(fn, paths[k]), tasks[k]
 
     def finished(k, value) -> None:
         results[k] = value
@@ -172,7 +180,7 @@ def cached_submit(pool: cf.Executor, cache: TaskCache | None, fn: Callable[[Any]
         raise PartialRunError(f"a task of {getattr(fn, '__qualname__', fn)} has not finished "
                               f"in the run of {cache.salt} (report-only cache, "
                               f"{cache.directory})")
-    future = pool.submit(functools.partial(run_resumable, fn, snapshots_of(path)), task)
+    future = pool.submit(_resumable(fn, path), task)
 
     def store(f: cf.Future) -> None:
         if not f.cancelled() and f.exception() is None:
