@@ -20,7 +20,6 @@ set, shown for the shape of the comparison.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from bpfree.plotting import pyplot, save_figure
 from bpfree.bench.parallel import cached_submit, default_workers, spawn_pool
 from bpfree.bench.task_cache import from_environment as task_cache
 from bpfree.bench.rate_grid import rate_past_edge
+from bpfree.progress import progress_bar
 
 NAME = "qzo-ff"
 DESCRIPTION = __doc__.split("\n\n")[0].replace("\n", " ")
@@ -1007,8 +1007,17 @@ def run(quick: bool):
     fs_common = fewshot_common(cfg, seed)
     # $BPFREE_TASK_CACHE: resume a cut-off run; every task's result is kept as it arrives
     cache = task_cache(ROOT)
-    with spawn_pool(workers) as pool:
-        submit = functools.partial(cached_submit, pool, cache)
+    # Tasks are submitted as the ones they depend on finish, so the bar's total grows with
+    # them (a full run is hours long: the queue's log shows where it stands).
+    bar = progress_bar(0, "qzo-ff tasks", "qzo-ff tasks", unit="task")
+
+    def submit(fn, task):
+        future = cached_submit(pool, cache, fn, task)
+        bar.total += 1
+        bar.refresh()
+        return future
+
+    with spawn_pool(workers) as pool, bar:
         # Stage 1: the two BP-pretrained backbones; as soon as the few-shot one (digits 0-4)
         # is ready, the few-shot learning rates are chosen on validation episodes (training
         # images of the held-out classes) while the other backbone still trains.
@@ -1022,6 +1031,7 @@ def run(quick: bool):
         fb = submit(run_task, ("pretrain", dict(kind="mnist", classes=None, lr=3e-3,
                                                       seed=seed, **cfg["pre_b"])))
         pre_a = fa.result()
+        bar.update(1)
         futures = {fv: ("pretrain_vit",)}
         for dom, (kind, classes) in FEW_DOMAINS.items():
             for mth in FEWSHOT_TUNED:
@@ -1031,6 +1041,7 @@ def run(quick: bool):
                     lrs=cfg["fs_lrs"], **fs_common)))] = (
                     "fewshot_val", dom, mth)
         pre_b = fb.result()
+        bar.update(1)
         timings["pretrain"] = time.perf_counter() - t_start
         # Stage 2: everything else (the few-shot test chunks once their rates are chosen).
         tasks = {}
@@ -1078,6 +1089,7 @@ def run(quick: bool):
             for fut in done:
                 key = futures.pop(fut)
                 results[key] = fut.result()
+                bar.update(1)
                 if key[0] == "pretrain_vit":
                     pre_vit = results[key]
                     for c in vit_cfg["corruptions"]:
