@@ -230,13 +230,20 @@ def train_head(head: nn.Module, method: str, x: torch.Tensor, y: torch.Tensor, *
 
 #: Rows of the few-shot table, in the paper's order.
 FEWSHOT_METHODS = ("zero-shot", "BP FT", "BP LP", "FF FT", "FF LP", "FF LP 16w8a")
+#: How the FT rows classify the queries. "head": the fine-tuned model itself (the
+#: prototype-initialised episode head, trained with the backbone: ProtoNet's classifier with
+#: learned prototypes), as LP classifies with its trained head. "protonet": ProtoNet on the
+#: adapted features, discarding the trained head (the rows before 2026-11-28: on validation
+#: episodes its accuracy fell as the rate grew while the trained head's rose).
+FT_CLASSIFIERS = ("head", "protonet")
 #: Learning-rate grid of :func:`fewshot_validate` (AdamW; the paper's Table 6 values are not in
 #: the text, which says "different learning rate grids are explored").
 FEWSHOT_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
 
 def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int, m: int,
-                    seed: int, temperature, feats: dict, ff_overrides: dict | None = None
+                    seed: int, temperature, feats: dict, ff_overrides: dict | None = None,
+                    ft_classifier: str = "head"
                     ) -> tuple[float, int, tuple[float, float] | None]:
     """Query accuracy (%) of one method on one episode, its per-sample forwards, and its
     support-set loss at the first and the last step (``None`` for zero-shot): the evidence
@@ -245,10 +252,15 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
     Every trained method starts from the prototype-initialised episode head with logit scale
     ``temperature`` and takes ``steps`` full-batch steps on the support set with AdamW
     (betas 0.9 / 0.95, cosine decay to 0, :func:`train_head`): BP FT / FF FT train the whole
-    backbone + head and classify the queries with ProtoNet on the adapted features; BP LP /
-    FF LP train the head on the frozen features and classify with it. ``feats``: a cache of
+    backbone + head and classify the queries with the fine-tuned model (``ft_classifier``
+    ``"head"``) or with ProtoNet on the adapted features (``"protonet"``,
+    :data:`FT_CLASSIFIERS`); BP LP / FF LP train the head on the frozen features and classify
+    with it. ``feats``: a cache of
     the frozen support / query features per precision, filled on demand; ``ff_overrides``:
     extra :class:`QZOFFConfig` fields of the FF rows (e.g. ``{"eps": 1e-2}``)."""
+    if ft_classifier not in FT_CLASSIFIERS:
+        raise ValueError(f"ft_classifier must be one of {FT_CLASSIFIERS}, got "
+                         f"{ft_classifier!r}")
     ffo = ff_overrides or {}
     n_way = ep.n_way
     n_s = len(ep.support_y)
@@ -273,9 +285,13 @@ def _fewshot_method(mth: str, backbone: nn.Module, ep, *, lr: float, steps: int,
         cfg = None if method == "bp" else ff_config("fp32", m=m, seed=seed, **ffo)
         out = train_head(model, method, ep.support_x, ep.support_y, epochs=steps,
                          batch_size=n_s, lr=lr, seed=seed, config=cfg)
-        fn = feature_function(out["model"])
-        return (score(protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x))),
-                out["forwards"], _first_last(out["loss"]))
+        if ft_classifier == "head":
+            with torch.no_grad():
+                pred = out["model"](ep.query_x).argmax(1)
+        else:
+            fn = feature_function(out["model"])
+            pred = protonet_predict(fn(ep.support_x), ep.support_y, fn(ep.query_x))
+        return score(pred), out["forwards"], _first_last(out["loss"])
     if mth in ("BP LP", "FF LP", "FF LP 16w8a"):
         prec = "16w8a" if mth == "FF LP 16w8a" else "fp32"
         fs, fq = frozen(prec)
@@ -307,7 +323,7 @@ def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes
                   lo: int, hi: int, steps: int, lrs: dict, lp_steps: int | None = None,
                   m: int = 3, n_way: int = 5, k_shot: int = 5, n_query: int = 15,
                   seed: int = 0, temperature: float | str = "loo", split: str = "test",
-                  methods=FEWSHOT_METHODS) -> dict:
+                  methods=FEWSHOT_METHODS, ft_classifier: str = "head") -> dict:
     """Episodes ``lo..hi-1`` of ``episodes`` 5-way 5-shot episodes drawn from the ``split``
     images of ``kind`` restricted to ``classes`` (:func:`bpfree.fewshot.sample_episodes` with
     ``seed``, so chunks of the same draw agree). Per episode and method
@@ -316,8 +332,9 @@ def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes
     25 support images from the prototype-initialised episode head (logit scale
     ``temperature``, default the leave-one-out choice of
     :func:`bpfree.fewshot.prototype_temperature`) at the rate ``lrs[method]`` -- BP, or FF
-    (QZO-FF sign-m-SPSA, fp32 or 16w8a) -- then the queries are classified: ProtoNet on the
-    adapted backbone features for FT, the trained head for LP.
+    (QZO-FF sign-m-SPSA, fp32 or 16w8a) -- then the queries are classified: by the fine-tuned
+    model for FT (or ProtoNet on its adapted features: ``ft_classifier``), by the trained head
+    for LP.
 
     Returns ``{"accuracies": {method: [per-episode %]}, "seconds": {method: s},
     "forwards": {method: per-sample forwards per episode}, "support_losses": {method:
@@ -341,7 +358,8 @@ def fewshot_chunk(state: dict, num_classes: int, kind: str, classes, *, episodes
             acc, fw[mth], loss = _fewshot_method(mth, backbone, ep, lr=lrs.get(mth, 0.0),
                                                  steps=_steps_of(mth, steps, lp_steps), m=m,
                                                  seed=seed + e_i,
-                                                 temperature=temperature, feats=feats)
+                                                 temperature=temperature, feats=feats,
+                                                 ft_classifier=ft_classifier)
             secs[mth] += time.perf_counter() - t0
             accs[mth].append(acc)
             if loss is not None:
@@ -355,12 +373,13 @@ def fewshot_validate(state: dict, num_classes: int, kind: str, classes, *, metho
                      episodes: int, steps: int, lrs=FEWSHOT_LRS, lp_steps: int | None = None,
                      m: int = 3, n_way: int = 5,
                      k_shot: int = 5, n_query: int = 15, seed: int = 0,
-                     temperature: float | str = "loo", split: str = "train") -> dict:
+                     temperature: float | str = "loo", split: str = "train",
+                     ft_classifier: str = "head") -> dict:
     """Learning-rate selection for one few-shot method on ``episodes`` *validation* episodes:
     drawn from the ``split`` (default training) images of the held-out ``classes`` -- images
     that neither pretraining (other classes) nor the test episodes (test split) use. Each rate
     of ``lrs`` runs ``method`` on every validation episode (as :func:`fewshot_chunk`, with
-    ``steps`` / ``lp_steps``); the
+    ``steps`` / ``lp_steps`` and ``ft_classifier``); the
     chosen rate has the best mean query accuracy (ties: the smaller rate).
 
     Returns ``{"method", "lr", "scores": {lr: mean %}, "zero_shot": mean %, "episodes"}``.
@@ -380,7 +399,7 @@ def fewshot_validate(state: dict, num_classes: int, kind: str, classes, *, metho
         for lr in scores:
             scores[lr].append(_fewshot_method(method, backbone, ep, lr=lr, steps=steps, m=m,
                                               seed=seed + e_i, temperature=temperature,
-                                              feats=feats)[0])
+                                              feats=feats, ft_classifier=ft_classifier)[0])
     means = {lr: float(np.mean(v)) for lr, v in scores.items()}
     best = max(means, key=lambda r: (means[r], -r))
     return {"method": method, "lr": best, "scores": means, "zero_shot": float(np.mean(zero)),
@@ -391,7 +410,8 @@ def fewshot_diagnostic(state: dict, num_classes: int, kind: str, classes, *, lrs
                        episodes: int, steps: int, lp_steps: int | None = None, m: int = 3,
                        eps_values=(1e-3, 1e-2, 1e-1), draws: int = 4, n_way: int = 5,
                        k_shot: int = 5, n_query: int = 15, seed: int = 0,
-                       temperature: float | str = "loo", split: str = "train") -> dict:
+                       temperature: float | str = "loo", split: str = "train",
+                       ft_classifier: str = "head") -> dict:
     """Is ε too small for FF to change a prediction? On ``episodes`` *validation* episodes
     (as :func:`fewshot_validate`), FF FT and FF LP at their chosen rates ``lrs`` for every ε
     of ``eps_values``, and BP FT / BP LP for reference: mean query accuracy, the number of
@@ -418,7 +438,8 @@ def fewshot_diagnostic(state: dict, num_classes: int, kind: str, classes, *, lrs
                 acc[mth][eps].append(_fewshot_method(
                     mth, backbone, ep, lr=lrs[mth], steps=_steps_of(mth, steps, lp_steps),
                     m=m, seed=seed + e_i, temperature=temperature, feats=feats,
-                    ff_overrides=None if eps is None else {"eps": eps})[0])
+                    ff_overrides=None if eps is None else {"eps": eps},
+                    ft_classifier=ft_classifier)[0])
                 if eps is None:
                     continue
                 if mth == "FF FT":

@@ -80,7 +80,7 @@ def run(quick: bool) -> tuple[list[dict], dict]:
                                   METHODS)
         extra["per_episode"][dom] = accs
         for m in METHODS:
-            clf = "head" if "LP" in m else "ProtoNet"
+            clf = qzo_ff.few_classifier(m, cfg["fs_ft_classifier"])
             full = full_rows.get((qzo_ff.T_FEW, m, f"{dom}, {clf}", "accuracy (%)"))
             row(TC, m, dom, "accuracy (%), this replay", mean_confidence_interval(accs[m])[0],
                 full)

@@ -13,7 +13,7 @@ from torch import nn
 from _qzoff_experiment import (BPAdamW, build_backbone, ff_config, load_images, run_task,
                                train_head)
 
-from bpfree.fewshot import prototype_head, sample_episodes
+from bpfree.fewshot import prototype_head, sample_episodes, with_episode_head
 from bpfree.qzoff import PRECISIONS, QZOFF, frozen_features
 
 
@@ -212,6 +212,53 @@ def test_fewshot_and_ood_tasks_on_mnist():
     assert res["FF m1"]["lr"] == res["FF"]["lr"] == 1e-2
     assert res["BP"]["lr"] in (1e-3, 1e-2)
     assert res["FF"]["forwards"] == 100 * 6 and res["FF m1"]["forwards"] == 100 * 2
+
+
+def test_ft_rows_classify_with_their_fine_tuned_head_or_protonet():
+    """FT's score is the fine-tuned model's own prediction ("head") or ProtoNet on its
+    adapted features ("protonet"), both recomputed here from the same training run."""
+    from bpfree.data import require_data_root
+
+    require_data_root("mnist")
+    from _qzoff_experiment import _fewshot_episodes, _fewshot_method
+
+    torch.manual_seed(0)
+    backbone = build_backbone(5)
+    ep = _fewshot_episodes("mnist", (5, 6, 7, 8, 9), "test", 1, 5, 5, 15, 0)[0]
+    kw = dict(lr=1e-2, steps=3, m=3, seed=0, temperature="loo")
+    head_acc, fw, (l0, l1) = _fewshot_method("BP FT", backbone, ep, feats={},
+                                             ft_classifier="head", **kw)
+    proto_acc, fw2, losses2 = _fewshot_method("BP FT", backbone, ep, feats={},
+                                              ft_classifier="protonet", **kw)
+    assert fw == fw2 == 3 * 25 and losses2 == (l0, l1)  # the same training run
+    model = with_episode_head(backbone, ep, temperature="loo")
+    out = train_head(model, "bp", ep.support_x, ep.support_y, epochs=3, batch_size=25,
+                     lr=1e-2, seed=0)
+    trained = out["model"]
+    with torch.no_grad():
+        by_head = trained(ep.query_x).argmax(1)
+        fs, fq = trained[:-1](ep.support_x), trained[:-1](ep.query_x)
+    protos = torch.stack([fs[ep.support_y == c].mean(0) for c in range(5)])
+    by_proto = torch.cdist(fq, protos).argmin(1)
+    assert head_acc == pytest.approx(100.0 * float((by_head == ep.query_y).double().mean()))
+    assert proto_acc == pytest.approx(100.0 * float((by_proto == ep.query_y).double().mean()))
+    with pytest.raises(ValueError, match="ft_classifier must be one of"):
+        _fewshot_method("BP FT", backbone, ep, feats={}, ft_classifier="knn", **kw)
+
+
+def test_few_shot_rows_name_their_classifier():
+    mod = _bench_module()
+    assert mod.few_classifier("zero-shot", "head") == "ProtoNet"
+    assert mod.few_classifier("BP LP", "protonet") == "head"
+    assert mod.few_classifier("FF FT", "head") == "head"
+    assert mod.few_classifier("FF FT", "protonet") == "ProtoNet"
+    r = mod._Rows([dict(table=mod.T_FEW, method="BP FT", setting="D, ProtoNet",
+                        metric="accuracy (%)", value=70.0),
+                   dict(table=mod.T_FEW, method="FF FT", setting="D, head",
+                        metric="accuracy (%)", value=71.0)])
+    assert r.few_accuracy("BP FT", "D") == 70.0 and r.few_accuracy("FF FT", "D") == 71.0
+    with pytest.raises(KeyError):
+        r.few_accuracy("BP LP", "D")
 
 
 def _bench_module():
