@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bpfree.harness import accuracy, fit, holdout_split, mean_loss, pick_lr
+from bpfree.bench.outcomes import pack_outcomes
+from bpfree.harness import correct, fit, holdout_split, mean_loss, pick_lr
 from bpfree.baselines import FullTrainFP32, SparseBP
 from bpfree.pmt.sparse import select_block, split_blocks
 from bpfree.pmt.trainer import PMTConfig, PMTTrainer
@@ -274,9 +275,11 @@ def _train_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int =
     return mean_loss(model, x, y, batch_size=batch)
 
 
-def _result(acc: float, forwards: int, seconds: float, **extra) -> dict:
-    return {"accuracy": float(acc), "forwards": int(forwards), "seconds": float(seconds),
-            "extra": extra}
+def _result(hits: torch.Tensor, forwards: int, seconds: float, **extra) -> dict:
+    """One method's result: its test accuracy from ``hits`` (:func:`bpfree.harness.correct`),
+    which also travels as ``extra["outcomes"]`` for the ledger's paired comparisons."""
+    return {"accuracy": 100.0 * int(hits.sum()) / hits.numel(), "forwards": int(forwards),
+            "seconds": float(seconds), "extra": {**extra, "outcomes": pack_outcomes(hits)}}
 
 
 def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root=None,
@@ -319,7 +322,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
                           lr_scale={HEAD: setup.lr / setup.block_lr})
 
     if "head-init" in methods:
-        out["head-init"] = _result(accuracy(head_model(copy.deepcopy(head)), fte, yte), n,
+        out["head-init"] = _result(correct(head_model(copy.deepcopy(head)), fte, yte), n,
                                    feature_seconds)
     if "classifier-only" in methods:
         t0 = time.perf_counter()
@@ -327,7 +330,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         trainer = PMTTrainer(hm, cfg, example=ftr[:2])
         hist = fit(trainer, ftr, ytr, epochs=setup.head_epochs, batch_size=setup.batch_size,
                    lr=setup.lr, seed=setup.seed)
-        out["classifier-only"] = _result(accuracy(hm, fte, yte), n + trainer.forwards,
+        out["classifier-only"] = _result(correct(hm, fte, yte), n + trainer.forwards,
                                          time.perf_counter() - t0 + feature_seconds,
                                          epochs=setup.head_epochs, loss=hist.loss[-5:])
     layers = PMTTrainer(model0, cfg, example=example).layers
@@ -348,7 +351,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         hist = fit(trainer, xtr, ytr, epochs=setup.epochs, batch_size=setup.batch_size,
                    lr=setup.block_lr, seed=setup.seed)
         out["pmt-sparse"] = _result(
-            accuracy(q, xte, yte), n + sel.forwards + trainer.forwards,
+            correct(q, xte, yte), n + sel.forwards + trainer.forwards,
             time.perf_counter() - t0 + out["selection"]["seconds"] + feature_seconds,
             block=sel.chosen, selection_forwards=sel.forwards, loss=hist.loss[-5:])
     if "pmt-dense" in methods and setup.dense:
@@ -357,7 +360,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         trainer = pmt(q)
         hist = fit(trainer, xtr, ytr, epochs=setup.epochs, batch_size=setup.batch_size,
                    lr=setup.block_lr, seed=setup.seed)
-        out["pmt-dense"] = _result(accuracy(q, xte, yte), n + trainer.forwards,
+        out["pmt-dense"] = _result(correct(q, xte, yte), n + trainer.forwards,
                                    time.perf_counter() - t0 + feature_seconds,
                                    loss=hist.loss[-5:])
     if "int8-sparse-bp" in methods:
@@ -376,7 +379,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         loss_before = _train_loss(q, xtr, ytr)
         hist = fit(method, xtr, ytr, epochs=setup.epochs, batch_size=setup.batch_size, lr=lr,
                    seed=setup.seed)
-        out["int8-sparse-bp"] = _result(accuracy(q, xte, yte), n + method.forwards,
+        out["int8-sparse-bp"] = _result(correct(q, xte, yte), n + method.forwards,
                                         time.perf_counter() - t0 + feature_seconds, lr=lr,
                                         lr_holdout_accuracy=scores, block=sel.chosen,
                                         weights="latent copy (MCUTrain)",
@@ -396,14 +399,16 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
         lr, scores = pick_lr(make_fp32, xtr_f, ytr, setup.fp32_lrs, epochs=setup.epochs,
                              batch_size=setup.batch_size, seed=setup.seed, holdout=HOLDOUT)
         method, twin = make_fp32(model0)
+        start = correct(float_graph(model0), xte_f, yte)
         loss_before = _train_loss(twin, xtr_f, ytr)
         hist = fit(method, xtr_f, ytr, epochs=setup.epochs, batch_size=setup.batch_size, lr=lr,
                    seed=setup.seed)
-        out["fp32-bp"] = _result(accuracy(twin, xte_f, yte), n + method.forwards,
+        out["fp32-bp"] = _result(correct(twin, xte_f, yte), n + method.forwards,
                                  time.perf_counter() - t0 + feature_seconds, lr=lr,
                                  lr_holdout_accuracy=scores, trained="all layers (dense)",
                                  parameters="float units",
-                                 start_accuracy=accuracy(float_graph(model0), xte_f, yte),
+                                 start_accuracy=100.0 * int(start.sum()) / start.numel(),
+                                 start_outcomes=pack_outcomes(start),
                                  train_loss_before=loss_before,
                                  train_loss_after=_train_loss(twin, xtr_f, ytr),
                                  loss=hist.loss[-5:])

@@ -18,8 +18,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import time
 
-from bpfree.bench.claims import (all_hold, binomial_se, claim, exceeds, order, sanity_claim,
-                                 tolerance)
+from bpfree.bench.claims import (all_hold, binomial_se, claim, exceeds, order, paired_se,
+                                 sanity_claim, tolerance)
+from bpfree.bench.outcomes import unpack_outcomes
 from bpfree.bench.parallel import default_workers, spawn_pool
 
 NAME = "mcunet"
@@ -216,6 +217,21 @@ def _accuracies(rows: list[dict], dataset: str) -> tuple[dict[str, float], int]:
 NEAR_MCUTRAIN = 1.0
 TEST_NOISE = ("one seed, so no seed spread: the tolerance is 2 binomial standard errors of the "
               "two test accuracies (test-set sampling noise, treated as independent)")
+TEST_NOISE_PAIRED = ("one seed, so no seed spread: the tolerance is 2 paired standard errors of "
+                     "the difference on the same test images (only the images the two methods "
+                     "disagree on add noise; extra.per_method's outcomes)")
+
+
+def _outcomes(extra: dict, dataset: str, key: str, n: int, field: str = "outcomes"):
+    """Which test images method ``key`` got right on ``dataset`` (runs since the outcomes
+    were recorded), else None."""
+    text = extra.get("per_method", {}).get(dataset, {}).get(key, {}).get(field)
+    return None if text is None else unpack_outcomes(text, n)
+
+
+def _paired_change(start, end) -> float | None:
+    """The paired standard error of end - start where both outcomes were recorded."""
+    return None if start is None or end is None else paired_se(end, start)
 
 
 def ledger(rows: list[dict], extra: dict) -> list[dict]:
@@ -249,9 +265,14 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
                    "paper's formula are rows of PMT Table 8 here"),
     ]
     acc = {d: _accuracies(rows, d) for d in DATASETS}
+    hits = {d: {m: _outcomes(extra, d, m, acc[d][1]) for m in acc[d][0]} for d in DATASETS}
+    paired = all(v is not None for per in hits.values() for v in per.values())
+    test_noise = TEST_NOISE_PAIRED if paired else TEST_NOISE
 
     def tol(d: str, a: str, b: str) -> float:
         values, n = acc[d]
+        if paired:
+            return tolerance(paired_se(hits[d][a], hits[d][b]))
         return tolerance(binomial_se(values[a], n), binomial_se(values[b], n))
 
     for d in DATASETS:
@@ -265,7 +286,9 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
             f"fp32-bp-trains-{d}", f"FP32 FullTrain BP of MCUNet-in1 on {d}",
             accuracy_start=fx["start_accuracy"], accuracy_end=values["fp32-bp"],
             loss_start=fx.get("train_loss_before"), loss_end=fx.get("train_loss_after"),
-            paper_ref="baseline sanity (issues 14, 31)", note=stale))
+            paper_ref="baseline sanity (issues 14, 31)", note=stale, n_test=n,
+            difference_se=_paired_change(_outcomes(extra, d, "fp32-bp", n, "start_outcomes"),
+                                         hits[d]["fp32-bp"])))
         ix = extra["per_method"][d]["int8-sparse-bp"]
         rounded = None if ix.get("weights") == "latent copy (MCUTrain)" else (
             "this run predates SparseBP(latent_weights=True): it rounded the int8 weights "
@@ -275,7 +298,8 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
             f"int8-sparse-bp-trains-{d}", f"INT8 sparse BP (MCUTrain) of block + head on {d}",
             accuracy_start=values["head-init"], accuracy_end=values["int8-sparse-bp"],
             loss_start=ix.get("train_loss_before"), loss_end=ix.get("train_loss_after"),
-            paper_ref="baseline sanity (issue 31)",
+            paper_ref="baseline sanity (issue 31)", n_test=n,
+            difference_se=_paired_change(hits[d]["head-init"], hits[d]["int8-sparse-bp"]),
             note="; ".join(t for t in (
                 "it starts from the initialised head, whose test accuracy is the start",
                 rounded) if t)))
@@ -285,7 +309,7 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
             paper=None, ours=f"{values['head-init']:.1f} -> {values['pmt-sparse']:.1f} % "
                              f"(2 SE = {tol(d, 'pmt-sparse', 'head-init'):.2f})",
             holds=order(values["pmt-sparse"], values["head-init"],
-                        tol(d, "pmt-sparse", "head-init")), note=TEST_NOISE))
+                        tol(d, "pmt-sparse", "head-init")), note=test_noise))
     covered = " and ".join(DATASETS)
     sanity_fp32 = {d: next(c for c in out if c["id"] == f"fp32-bp-trains-{d}")["holds"]
                    for d in DATASETS}
@@ -301,7 +325,7 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
         paper="83.20 < 86.16", ours=per_dataset("classifier-only", "pmt-sparse"),
         holds=all_hold(order(acc[d][0]["pmt-sparse"], acc[d][0]["classifier-only"],
                              tol(d, "pmt-sparse", "classifier-only")) for d in DATASETS),
-        note=f"{TEST_NOISE}. Our classifier-only trains the head for many epochs on cached "
+        note=f"{test_noise}. Our classifier-only trains the head for many epochs on cached "
              "features while the block trains for the run's epochs: the budgets differ as "
              "in the paper's table, which lists accuracy, not forwards"))
     out.append(claim(
@@ -312,7 +336,7 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
         paper="86.16 vs 86.68", ours=per_dataset("pmt-sparse", "int8-sparse-bp"),
         holds=all_hold(exceeds(acc[d][0]["pmt-sparse"] - acc[d][0]["int8-sparse-bp"],
                                -NEAR_MCUTRAIN, tol(d, "pmt-sparse", "int8-sparse-bp"))
-                       for d in DATASETS), note=TEST_NOISE))
+                       for d in DATASETS), note=test_noise))
     if "pmt-dense" in acc[DATASETS[0]][0]:
         out.append(claim(
             "t10-bpfree-beats-mcutrain", "Table 10, §4.3.2 (analogue)",
@@ -322,7 +346,7 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
                   "lower", ours=per_dataset("pmt-dense", "int8-sparse-bp"),
             holds=all_hold(order(acc[d][0]["pmt-dense"], acc[d][0]["int8-sparse-bp"],
                                  tol(d, "pmt-dense", "int8-sparse-bp")) for d in DATASETS),
-            note=f"{TEST_NOISE}. MCUTrain here trains the block BP-free selection chose, not "
+            note=f"{test_noise}. MCUTrain here trains the block BP-free selection chose, not "
                  "three middle layers found by an evolutionary search"))
         out.append(claim(
             "t10-bpfree-near-fullbp", "Table 10, §4.3.2 (analogue)",
@@ -332,7 +356,7 @@ def ledger(rows: list[dict], extra: dict) -> list[dict]:
             holds=(all_hold(exceeds(acc[d][0]["pmt-dense"] - acc[d][0]["fp32-bp"], -1.3,
                                     tol(d, "pmt-dense", "fp32-bp")) for d in DATASETS)
                    if all(v is True for v in sanity_fp32.values()) else None),
-            note=TEST_NOISE if all(v is True for v in sanity_fp32.values()) else
+            note=test_noise if all(v is True for v in sanity_fp32.values()) else
             "not measured: the FP32 BP rows failed their sanity check (fp32-bp-trains-*), "
             "so they are no baseline to compare with"))
     return out

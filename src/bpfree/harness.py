@@ -395,15 +395,21 @@ def fit(method: Method, x: torch.Tensor | Iterable, y: torch.Tensor | None = Non
 
 
 @torch.no_grad()
+def correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+            batch_size: int = 1000) -> torch.Tensor:
+    """Whether ``model(x)``'s top-1 prediction equals ``y``, per sample (a bool tensor in
+    ``x``'s order): what a paired comparison of two models on one test set needs
+    (:func:`bpfree.bench.claims.paired_se`). An empty or mismatched set is an error."""
+    check_batch(x, y)
+    return torch.cat([model(x[lo:lo + batch_size]).argmax(-1) == y[lo:lo + batch_size]
+                      for lo in range(0, x.shape[0], batch_size)])
+
+
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 1000) -> float:
-    """Top-1 accuracy (%) of ``model(x)`` logits; an empty or mismatched set is an error (an
-    accuracy of 0 % on no samples would read as a result)."""
-    check_batch(x, y)
-    correct = 0
-    for lo in range(0, x.shape[0], batch_size):
-        correct += int((model(x[lo:lo + batch_size]).argmax(-1) == y[lo:lo + batch_size]).sum())
-    return 100.0 * correct / x.shape[0]
+    """Top-1 accuracy (%) of ``model(x)`` logits (:func:`correct`); an empty or mismatched
+    set is an error (an accuracy of 0 % on no samples would read as a result)."""
+    return 100.0 * int(correct(model, x, y, batch_size).sum()) / x.shape[0]
 
 
 @torch.no_grad()

@@ -217,6 +217,21 @@ def binomial_se(accuracy_percent: float, n: int) -> float:
     return 100.0 * math.sqrt(p * (1.0 - p) / n)
 
 
+def paired_se(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> float:
+    """Standard error (points) of accuracy(a) - accuracy(b) when both were scored on the same
+    test samples (``correct_*``: one boolean per sample, in the same order): the standard
+    error of the mean of the per-sample differences in {-1, 0, 1}. Samples both got right,
+    or both wrong, add no noise; only the ones they disagree on do. Zero when they never
+    disagree (the difference is then exactly zero: no ordering to decide)."""
+    a = np.asarray(correct_a, dtype=np.float64)
+    b = np.asarray(correct_b, dtype=np.float64)
+    if a.ndim != 1 or a.shape != b.shape or a.size < 2:
+        raise ValueError(f"paired_se needs two equal-length sequences of at least 2 samples, "
+                         f"got shapes {a.shape} and {b.shape}")
+    d = a - b
+    return 100.0 * float(d.std(ddof=1)) / math.sqrt(d.size)
+
+
 def tolerance(*standard_errors: float, k: float = 2.0) -> float:
     """``k`` standard errors of a sum or difference of independent means:
     k * sqrt(se_1^2 + se_2^2 + ...)."""
@@ -287,19 +302,34 @@ def _as_list(values: float | Sequence[float] | None) -> list[float] | None:
 def sanity_claim(id: str, what: str, *, accuracy_start, accuracy_end, loss_start=None,
                  loss_end=None, paper_ref: str = "baseline sanity (issue 31)",
                  paper: str | float | None = None, k: float = 2.0,
-                 note: str | None = None) -> dict:
+                 note: str | None = None, n_test: int | None = None,
+                 difference_se: float | None = None) -> dict:
     """The check every baseline row gets: ``what`` trains at all.
 
     Holds when its training loss falls and its accuracy (%) rises off its start, each by more
-    than ``k`` standard errors of the per-seed values (scalars are one seed: no measured
-    spread, so any rise counts). Fails when either does not; a loss that was not recorded
+    than ``k`` standard errors of the per-seed values. A single seed measures no spread: its
+    accuracy's noise is then the test set's. ``difference_se`` is the paired standard error
+    of end - start on the same test images (:func:`paired_se`); without it, ``n_test`` gives
+    :func:`binomial_se` over ``n_test`` images for each end, treated as independent (larger);
+    with neither, no noise is known and any rise counts, which the claim says.
+    Fails when either does not; a loss that was not recorded
     leaves the verdict to the accuracy and says so. ``accuracy_start`` is the accuracy
     before training (chance, or the initialised model), ``paper`` the paper's number for the
     row if it has one, shown beside ours.
     """
     acc0, acc1 = _as_list(accuracy_start), _as_list(accuracy_end)
     (a0, s0), (a1, s1) = mean_se(acc0), mean_se(acc1)
-    acc_tol = tolerance(s0, s1, k=k)
+    n = max(len(acc1), len(acc0))
+    test_noise = None
+    if n == 1 and difference_se is not None:
+        acc_tol = k * float(difference_se)
+        test_noise = "the paired standard error of the change over the same test images"
+    elif n == 1 and n_test is not None:
+        acc_tol = tolerance(binomial_se(a0, n_test), binomial_se(a1, n_test), k=k)
+        test_noise = (f"the binomial standard errors over {n_test} test images, treated as "
+                      "independent")
+    else:
+        acc_tol = tolerance(s0, s1, k=k)
     moves = exceeds(a1, a0, acc_tol) is True
     parts = [f"accuracy {a0:.1f} -> {a1:.1f} % (needs > {acc_tol:.2f} points)"]
     verdicts = [moves]
@@ -311,9 +341,14 @@ def sanity_claim(id: str, what: str, *, accuracy_start, accuracy_end, loss_start
     else:
         note = "; ".join(t for t in ("training loss not recorded: the accuracy alone decides",
                                      note) if t)
-    n = max(len(acc1), len(acc0))
-    parts.append(f"{n} seed{'s' if n > 1 else ''}" + ("" if n > 1 else ", no spread measured"))
+    if n > 1:
+        parts.append(f"{n} seeds")
+    elif test_noise is not None:
+        parts.append(f"1 seed: the accuracy's noise is {test_noise}")
+    else:
+        parts.append("1 seed, no spread measured")
+    noise = "the test-set noise" if test_noise is not None else "the seeds"
     return claim(id, paper_ref, f"{what} trains: its training loss falls and its accuracy moves "
-                 f"off its start by more than {k:g} standard errors of the seeds",
+                 f"off its start by more than {k:g} standard errors of {noise}",
                  paper=paper, ours="; ".join(parts), holds=all(verdicts), note=note,
                  kind="sanity")
