@@ -164,9 +164,15 @@ def test_mcunet_int8_sparse_bp_that_rounded_its_updates_away_fails_and_says_why(
     claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
     assert claims["int8-sparse-bp-trains-mnist"]["holds"] is False
     assert "predates SparseBP(latent_weights=True)" in claims["int8-sparse-bp-trains-mnist"]["note"]
+    # without per-image outcomes the one-seed noise is the binomial one over 2000 images
+    # (about 2.6 points for the difference at these accuracies)
+    for per in doc["extra"]["per_method"].values():
+        for result in per.values():
+            result.pop("outcomes", None)
+            result.pop("start_outcomes", None)
     for d in mcunet.DATASETS:
         start = _accuracies(doc, d, mcunet.LABELS["head-init"])
-        _set_accuracy(doc, d, label, start + 2.0)
+        _set_accuracy(doc, d, label, start + 4.0)
         doc["extra"]["per_method"][d]["int8-sparse-bp"].update(
             weights="latent copy (MCUTrain)", train_loss_before=0.5, train_loss_after=0.6)
     claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
@@ -177,6 +183,13 @@ def test_mcunet_int8_sparse_bp_that_rounded_its_updates_away_fails_and_says_why(
     claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
     assert claims["int8-sparse-bp-trains-mnist"]["holds"] is True
     assert "predates" not in claims["int8-sparse-bp-trains-mnist"]["note"]
+    # a rise inside the test set's noise is no evidence that it trained
+    for d in mcunet.DATASETS:
+        start = _accuracies(doc, d, mcunet.LABELS["head-init"])
+        _set_accuracy(doc, d, label, start + 1.5)
+    claims = {c["id"]: c for c in mcunet.ledger_from_result(doc)}
+    assert claims["int8-sparse-bp-trains-mnist"]["holds"] is False
+    assert "2000 test images" in claims["int8-sparse-bp-trains-mnist"]["ours"]
 
 
 def _accuracies(document: dict, dataset: str, label: str) -> float:
