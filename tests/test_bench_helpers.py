@@ -483,3 +483,55 @@ def test_cached_submit_runs_a_task_once_and_stores_it_as_it_arrives(tmp_path):
         with pytest.raises(PartialRunError, match="has not finished"):
             cached_submit(pool, report, train, "new")
     assert report.missing == 1 and calls == ["zzz", "yy"]
+
+
+def test_priority_submitter_runs_the_lowest_priority_first_and_limits_the_pool(tmp_path):
+    """Tasks wait in the submitter, not in the pool's FIFO queue: with one slot, a task added
+    later at a lower priority number overtakes one already waiting; a cached task takes no
+    slot; a report-only cache lists an optional missing task instead of raising."""
+    import concurrent.futures as cf
+    import threading
+
+    from bpfree.bench.parallel import PrioritySubmitter
+    from bpfree.bench.task_cache import PartialRunError, TaskCache
+
+    started, gate = [], threading.Event()
+
+    def train(task):
+        started.append(task)
+        if task == "first":
+            gate.wait(10)
+        return task.upper()
+
+    added = []
+    with cf.ThreadPoolExecutor(4) as pool:
+        cache = TaskCache(tmp_path, salt="rev1")
+        feed = PrioritySubmitter(pool, cache, limit=1, on_add=added.append)
+        feed.add(train, "first", "k1", priority=5)
+        feed.add(train, "late-low", "k2", priority=9)
+        feed.add(train, "late-high", "k3", priority=0)   # overtakes k2, which still waits
+        assert sum(not f.done() for f in feed.futures) == 1
+        gate.set()
+        got = {}
+        while feed:
+            got.update(feed.completed())
+    assert started == ["first", "late-high", "late-low"]
+    assert got == {"k1": "FIRST", "k2": "LATE-LOW", "k3": "LATE-HIGH"}
+    assert added == ["k1", "k2", "k3"]
+    # read back: every task is cached, finishes at once and takes no slot
+    started.clear()
+    report = TaskCache(tmp_path, salt="rev1", report_only=True)
+    with cf.ThreadPoolExecutor(1) as pool:
+        feed = PrioritySubmitter(pool, report, limit=1)
+        feed.add(train, "first", "k1")
+        feed.add(train, "late-low", "k2")
+        feed.add(train, "never-run", "k4", optional=True)
+        got = {}
+        while feed:
+            got.update(feed.completed())
+        assert got == {"k1": "FIRST", "k2": "LATE-LOW"} and feed.missing == ["k4"]
+        with pytest.raises(PartialRunError, match="has not finished"):
+            feed.add(train, "needed", "k5")
+    assert started == []
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        PrioritySubmitter(None, None, limit=0)

@@ -11,6 +11,8 @@ import concurrent.futures as cf
 import copy
 import ctypes
 import functools
+import heapq
+import itertools
 import multiprocessing
 import os
 import signal
@@ -25,7 +27,7 @@ from ..progress import progress_bar
 from .environment import cpu_model
 from .task_cache import PartialRunError, TaskCache, run_resumable, snapshots_of
 
-__all__ = ["default_workers", "spawn_pool", "run_keyed", "cached_submit"]
+__all__ = ["default_workers", "spawn_pool", "run_keyed", "cached_submit", "PrioritySubmitter"]
 
 
 def default_workers(limit: int = 2) -> int:
@@ -188,6 +190,64 @@ def cached_submit(pool: cf.Executor, cache: TaskCache | None, fn: Callable[[Any]
 
     future.add_done_callback(store)
     return future
+
+
+class PrioritySubmitter:
+    """Feeds ``pool`` through ``cache`` (:func:`cached_submit`) at most ``limit`` unfinished
+    tasks at a time, the lowest ``priority`` first (ties: the order they were added).
+
+    A pool's own queue is first come, first served, so a task that becomes ready late (a
+    test run waiting for its rate search) queues behind everything submitted before it. Held
+    here instead, it overtakes lower-priority work that has not started: a benchmark can run
+    the parts a partial report needs most before the longest ones. A task the cache holds
+    completes at once and takes no slot.
+
+    ``optional=True`` marks a task whose absence a report-only cache
+    (``$BPFREE_TASK_CACHE_REPORT``) tolerates: it is listed in :attr:`missing` instead of
+    raising :class:`~bpfree.bench.task_cache.PartialRunError`. ``on_add`` is called with each
+    task's key when it is added (a progress bar's total)."""
+
+    def __init__(self, pool: cf.Executor, cache: TaskCache | None, limit: int,
+                 on_add: Callable[[Hashable], None] | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.pool, self.cache, self.limit, self.on_add = pool, cache, limit, on_add
+        self._heap: list = []
+        self._order = itertools.count()
+        self.futures: dict[cf.Future, Hashable] = {}
+        self.missing: list[Hashable] = []
+
+    def add(self, fn: Callable[[Any], Any], task: Any, key: Hashable, *, priority: int = 0,
+            optional: bool = False) -> None:
+        """Queue ``fn(task)``, reported under ``key`` by :meth:`completed`."""
+        heapq.heappush(self._heap, (priority, next(self._order), fn, task, key, optional))
+        if self.on_add is not None:
+            self.on_add(key)
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._heap and sum(not f.done() for f in self.futures) < self.limit:
+            *_, fn, task, key, optional = heapq.heappop(self._heap)
+            try:
+                self.futures[cached_submit(self.pool, self.cache, fn, task)] = key
+            except PartialRunError:
+                if not optional:
+                    raise
+                self.missing.append(key)
+
+    def __bool__(self) -> bool:
+        return bool(self.futures or self._heap)
+
+    def completed(self) -> list[tuple[Hashable, Any]]:
+        """Waits for at least one task; returns ``(key, result)`` of each one finished (a
+        task's exception is raised here), and refills the free slots."""
+        self._fill()
+        if not self.futures:
+            return []
+        done, _ = cf.wait(self.futures, return_when=cf.FIRST_COMPLETED)
+        out = [(self.futures.pop(f), f.result()) for f in done]
+        self._fill()
+        return out
 
 
 def pool_device(workers: int) -> str:
