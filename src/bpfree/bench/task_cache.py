@@ -228,8 +228,7 @@ def memoized(cache: TaskCache | None, fn: Callable, task: Any, compute: Callable
         return value
     if cache.report_only:
         return compute()
-    with active(FitSnapshots(snapshots_of(path))):
-        value = compute()
+    value = run_resumable(lambda _task: compute(), snapshots_of(path), task)
     cache.write(path, value)
     return value
 
