@@ -346,3 +346,62 @@ def test_bench_findings_helpers():
     assert "FF fp32 81.00%" in note and "FF 16w8a 79.00%" in note
     assert "FF 8w8a: 51.00% (tensors with ε_q = 0: ['0.weight'])" in note
     assert "tight range (headroom 1): 79.00% (tensors with ε_q = 0: none)" in note
+
+
+@pytest.mark.slow
+def test_a_partial_report_leaves_out_the_unfinished_vit_blocks(tmp_path, monkeypatch):
+    """bench qzo-ff's full code path on tiny settings, through a task cache; then a
+    report-only read of the same cache in which the ViT blocks' tasks have not finished:
+    the report has every other row, no ViT rows, ViT claims "not measured", and
+    extra.partial names the missing tasks. A missing non-ViT task cannot be reported."""
+    from bpfree.data import require_data_root
+
+    require_data_root("mnist")
+    from bpfree.bench.task_cache import PartialRunError, TaskCache
+
+    mod = _bench_module()
+    quick = mod._settings(True)
+    tiny = dict(quick, pre_a=dict(images=1000, epochs=1), pre_b=dict(images=1000, epochs=1),
+                episodes=2, chunk=1, fs_steps=1, fs_lp_steps=2, fs_val_episodes=1,
+                fs_val_episodes_lp=1, fs_diag_episodes=1, fs_lrs=(1e-3, 1e-2),
+                corruptions=("gaussian_noise",), ood_epochs=1, ood_train=100, ood_batch=100,
+                seeds=(0, 1), landscape_steps=3, alignment_draws=2,
+                vit=dict(images=500, epochs=1, lr=3e-3, head_epochs=1,
+                         corruptions=("gaussian_noise",), n_train=50, n_test=50,
+                         adapt_epochs=1, batch=50))
+    monkeypatch.setattr(mod, "_settings", lambda quick: tiny)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    monkeypatch.setattr(mod, "FIGURES", tmp_path / "figures")
+    monkeypatch.setattr(mod, "task_cache", lambda root: TaskCache(tmp_path / "c", salt="r"))
+    torch.manual_seed(0)
+    rows, extra = mod.run(False)
+    assert "partial" not in extra and any(r["table"] in mod.T_VIT.values() for r in rows)
+
+    class ViTUnfinished(TaskCache):
+        def find(self, fn, task):
+            path, found, value = super().find(fn, task)
+            return (path, False, None) if task[0] == "vit_ood" else (path, found, value)
+
+    monkeypatch.setattr(mod, "task_cache", lambda root: ViTUnfinished(
+        tmp_path / "c", salt="r", report_only=True))
+    torch.manual_seed(0)
+    part_rows, part = mod.run(False)
+    assert part["partial"]["missing"] == [f"vit gaussian_noise {lev}" for lev in mod.SEVERITIES]
+    vit_tables = set(mod.T_VIT.values()) | {mod.T_ENH}
+    assert not any(r["table"] in vit_tables for r in part_rows)
+    assert [r for r in part_rows if r["table"] not in vit_tables] == [
+        r for r in rows if r["table"] not in vit_tables]
+    claims = {c["id"]: c for c in part["claims"]}
+    assert claims["qzoff-sanity-vit-dvpt"]["holds"] is None
+    assert claims["qzoff-sanity-bp-ft"]["holds"] == {c["id"]: c for c in extra["claims"]}[
+        "qzoff-sanity-bp-ft"]["holds"]
+
+    class OODUnfinished(TaskCache):
+        def find(self, fn, task):
+            path, found, value = super().find(fn, task)
+            return (path, False, None) if task[0] == "alignment" else (path, found, value)
+
+    monkeypatch.setattr(mod, "task_cache", lambda root: OODUnfinished(
+        tmp_path / "c", salt="r", report_only=True))
+    with pytest.raises(PartialRunError, match="has not finished"):
+        mod.run(False)
