@@ -377,13 +377,16 @@ def test_a_partial_report_leaves_out_the_unfinished_vit_blocks(tmp_path, monkeyp
     rows, extra = mod.run(False)
     assert "partial" not in extra and any(r["table"] in mod.T_VIT.values() for r in rows)
 
-    class ViTUnfinished(TaskCache):
-        def find(self, fn, task):
-            path, found, value = super().find(fn, task)
-            return (path, False, None) if task[0] == "vit_ood" else (path, found, value)
+    def report_without(kind):
+        """A report-only read of the run's cache in which tasks of ``kind`` never finished."""
+        class Unfinished(TaskCache):
+            def find(self, fn, task):
+                path, found, value = super().find(fn, task)
+                return (path, False, None) if task[0] == kind else (path, found, value)
 
-    monkeypatch.setattr(mod, "task_cache", lambda root: ViTUnfinished(
-        tmp_path / "c", salt="r", report_only=True))
+        return lambda root: Unfinished(tmp_path / "c", salt="r", report_only=True)
+
+    monkeypatch.setattr(mod, "task_cache", report_without("vit_ood"))
     torch.manual_seed(0)
     part_rows, part = mod.run(False)
     assert part["partial"]["missing"] == [f"vit gaussian_noise {lev}" for lev in mod.SEVERITIES]
@@ -396,12 +399,6 @@ def test_a_partial_report_leaves_out_the_unfinished_vit_blocks(tmp_path, monkeyp
     assert claims["qzoff-sanity-bp-ft"]["holds"] == {c["id"]: c for c in extra["claims"]}[
         "qzoff-sanity-bp-ft"]["holds"]
 
-    class OODUnfinished(TaskCache):
-        def find(self, fn, task):
-            path, found, value = super().find(fn, task)
-            return (path, False, None) if task[0] == "alignment" else (path, found, value)
-
-    monkeypatch.setattr(mod, "task_cache", lambda root: OODUnfinished(
-        tmp_path / "c", salt="r", report_only=True))
+    monkeypatch.setattr(mod, "task_cache", report_without("alignment"))
     with pytest.raises(PartialRunError, match="has not finished"):
         mod.run(False)
