@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bpfree.bench.outcomes import pack_outcomes
-from bpfree.harness import correct, fit, holdout_split, mean_loss, pick_lr
+from bpfree.harness import correct, fit, holdout_split, mean_loss, percent_correct, pick_lr
 from bpfree.baselines import FullTrainFP32, SparseBP
 from bpfree.pmt.sparse import select_block, split_blocks
 from bpfree.pmt.trainer import PMTConfig, PMTTrainer
@@ -278,7 +278,7 @@ def _train_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int =
 def _result(hits: torch.Tensor, forwards: int, seconds: float, **extra) -> dict:
     """One method's result: its test accuracy from ``hits`` (:func:`bpfree.harness.correct`),
     which also travels as ``extra["outcomes"]`` for the ledger's paired comparisons."""
-    return {"accuracy": 100.0 * int(hits.sum()) / hits.numel(), "forwards": int(forwards),
+    return {"accuracy": percent_correct(hits), "forwards": int(forwards),
             "seconds": float(seconds), "extra": {**extra, "outcomes": pack_outcomes(hits)}}
 
 
@@ -407,7 +407,7 @@ def transfer_task(kind: str, setup: TransferSetup, *, model_path=None, data_root
                                  time.perf_counter() - t0 + feature_seconds, lr=lr,
                                  lr_holdout_accuracy=scores, trained="all layers (dense)",
                                  parameters="float units",
-                                 start_accuracy=100.0 * int(start.sum()) / start.numel(),
+                                 start_accuracy=percent_correct(start),
                                  start_outcomes=pack_outcomes(start),
                                  train_loss_before=loss_before,
                                  train_loss_after=_train_loss(twin, xtr_f, ytr),

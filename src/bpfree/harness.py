@@ -405,11 +405,16 @@ def correct(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                       for lo in range(0, x.shape[0], batch_size)])
 
 
+def percent_correct(hits: torch.Tensor) -> float:
+    """The accuracy (%) of per-sample outcomes ``hits`` (:func:`correct`)."""
+    return 100.0 * int(hits.sum()) / hits.numel()
+
+
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 1000) -> float:
     """Top-1 accuracy (%) of ``model(x)`` logits (:func:`correct`); an empty or mismatched
     set is an error (an accuracy of 0 % on no samples would read as a result)."""
-    return 100.0 * int(correct(model, x, y, batch_size).sum()) / x.shape[0]
+    return percent_correct(correct(model, x, y, batch_size))
 
 
 @torch.no_grad()

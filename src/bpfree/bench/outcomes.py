@@ -3,7 +3,8 @@
 Two methods scored on the same test images share most of their sampling noise: an image both
 get right or both get wrong says nothing about which is better. A run with one seed that
 keeps only the accuracies must treat them as independent (:func:`~bpfree.bench.claims.binomial_se`
-on each), which overstates the noise of their difference several times over. Keeping which
+on each), which overstates the noise of their difference (about twice, when a few in
+ten images change). Keeping which
 images each method got right lets the ledger use the paired standard error
 (:func:`~bpfree.bench.claims.paired_se`) instead.
 
