@@ -77,6 +77,18 @@ def test_conv_matches_reference(spec, batch):
     assert torch.equal(_fast(layer).run(0, x), layer(x))
 
 
+@pytest.mark.parametrize("c_out", [8, 16, 24])  # two rows at a time (B <= 2), one (B = 3)
+@pytest.mark.parametrize("c_in", [1, 2, 3, 9, 15, 17, 26])
+def test_rows_kernel_tails(c_in, c_out):
+    """Point-wise rows whose K leaves a tail past the 16- and 8-lane stores (row_values
+    writes it as one 8-lane vector, zeroed past K): every K mod 8, both zero-point extremes."""
+    gen = torch.Generator().manual_seed(c_in * 31 + c_out)
+    for zp_in in (-128, 127):
+        layer = _conv(gen, c_in, c_out, 1, zp_in=zp_in)
+        x = _int8(3, c_in, 5, 7, gen=gen)
+        assert torch.equal(_fast(layer).run(0, x), layer(x))
+
+
 def test_conv_extreme_inputs_and_saturating_weights():
     gen = torch.Generator().manual_seed(1)
     layer = _conv(gen, 32, 16, 3, padding=1, zp_in=-128, out_scale=0.5)

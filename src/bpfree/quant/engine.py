@@ -229,6 +229,12 @@ class _PackedAffine:
         return off.contiguous()
 
 
+def _dense_scratch(k: int) -> torch.Tensor:
+    """bpf_dense's scratch: one row's K values as int16, rounded up to 8 (its row values
+    are written eight lanes at a time)."""
+    return torch.empty(-(-k // 8) * 4, dtype=torch.int32)
+
+
 def _conv_op(lib, module: QConv2d):
     depthwise = (module.groups == module.in_channels == module.out_channels
                  and module.weight.shape[1] == 1)
@@ -256,7 +262,7 @@ def _conv_op(lib, module: QConv2d):
                               kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, epi, _ptr(off),
                               out.data_ptr())
         elif pointwise:
-            scratch = torch.empty((packed.k + 1) // 2, dtype=torch.int32)
+            scratch = _dense_scratch(packed.k)
             lib.bpf_dense(x.data_ptr(), n * h * w, c, packed.zero_point, packed.w.data_ptr(),
                           co, packed.c_pad, epi, _ptr(off), out.data_ptr(), scratch.data_ptr())
         else:
@@ -283,7 +289,7 @@ def _linear_op(lib, module: QLinear):
         rows = x.reshape(-1, module.in_features).contiguous()
         out = torch.empty(rows.shape[0], module.out_features, dtype=torch.int8)
         off = packed.offset(tuple(x.shape[:-1]) + (module.out_features,))
-        scratch = torch.empty((packed.k + 1) // 2, dtype=torch.int32)
+        scratch = _dense_scratch(packed.k)
         lib.bpf_dense(rows.data_ptr(), rows.shape[0], module.in_features, packed.zero_point,
                       packed.w.data_ptr(), module.out_features, packed.c_pad,
                       ctypes.byref(packed.epilogue), _ptr(off), out.data_ptr(),

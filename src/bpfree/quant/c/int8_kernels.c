@@ -179,8 +179,19 @@ static inline void row_values(const int8_t *xp, int k, int32_t zx, __m256i zx16,
         _mm_storeu_si128((__m128i *)(vals + j), _mm_sub_epi16(
             _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(xp + j))),
             _mm256_castsi256_si128(zx16)));
-    for (; j < k; j++) vals[j] = (int16_t)(xp[j] - zx);
-    if (k & 1) vals[k] = 0; /* odd K: the pad pair's half (its weight is 0 too) */
+    if (j < k) {
+        /* The last k - j < 8 values gathered in a register and written by one 8-lane store,
+         * for the same reason: int16 stores read back by an int32 pair load wait for both
+         * (K = 2 took about 1.5x K = 8's time per output). Lanes past K are 0: odd K's pad
+         * pair half (its weight is 0 too); the buffer holds K rounded up to 8 (+ 2). */
+        uint64_t bytes = 0;
+        for (int i = k - j - 1; i >= 0; i--) bytes = bytes << 8 | (uint8_t)xp[j + i];
+        __m128i v = _mm_sub_epi16(_mm_cvtepi8_epi16(_mm_cvtsi64_si128((int64_t)bytes)),
+                                  _mm256_castsi256_si128(zx16));
+        __m128i keep = _mm_cmpgt_epi16(_mm_set1_epi16((int16_t)(k - j)),
+                                       _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm_storeu_si128((__m128i *)(vals + j), _mm_and_si128(v, keep));
+    }
 }
 
 /* The epilogue's per-channel vectors for B blocks of 8 channels, prepared once per call. */
@@ -358,7 +369,7 @@ static inline __attribute__((always_inline)) void conv_tiles_b(
 }
 #endif
 
-/* Fully connected: x (rows, K) int8 -> out (rows, C) int8. scratch: ceil(K/2) int32. */
+/* Fully connected: x (rows, K) int8 -> out (rows, C) int8. scratch: 4 ceil(K/8) int32. */
 void bpf_dense(const int8_t *x, int64_t rows, int k, int32_t zx, const int16_t *w, int c_out,
                int c_pad, const bpf_epilogue *e, const int16_t *offset, int8_t *out,
                int32_t *scratch) {
