@@ -10,6 +10,7 @@ thread), and one step of each from the same state is compared bit for bit.
 
 from __future__ import annotations
 
+import collections
 import copy
 import statistics
 import time
@@ -88,6 +89,60 @@ def requantize_floor_seconds(repeats: int) -> float | None:
     return seconds / (100 * 14 * 14 * 16)
 
 
+class _TimedKernels:
+    """The kernel library with each ``bpf_*`` call's thread CPU time summed per kernel."""
+
+    def __init__(self, lib) -> None:
+        self._lib = lib
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if not name.startswith("bpf_"):
+            return fn
+
+        def timed(*args):
+            start = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds[name] += time.thread_time() - start
+                self.calls[name] += 1
+        return timed
+
+
+def step_parts(qmodel, example, x, y, *, trainable, queries: int, repeats: int = 3
+               ) -> dict | None:
+    """Where one fast-engine step's time goes: thread CPU seconds per step inside each C
+    kernel (summed over its calls) and outside them (Python, the loss, the directions),
+    from ``repeats`` steps of a trainer built on a timed kernel library. Timing each call
+    adds a little to the outside share. None without the compiled kernels."""
+    from bpfree.quant import engine
+
+    lib = engine.kernel_library()
+    if lib is None:
+        return None
+    timed = _TimedKernels(lib)
+    engine._library_state["lib"] = timed  # the trainer's stages capture it when built
+    try:
+        trainer = PMTTrainer(copy.deepcopy(qmodel), PMTConfig(queries=queries, seed=0),
+                             example=example, trainable=trainable, engine="fast")
+        trainer.step(x, y, lr=0.0)
+        timed.seconds.clear()
+        timed.calls.clear()
+        start = time.thread_time()
+        for _ in range(repeats):
+            trainer.step(x, y, lr=0.0)
+        total = (time.thread_time() - start) / repeats
+    finally:
+        engine._library_state["lib"] = lib
+    kernels = {k: v / repeats for k, v in timed.seconds.most_common()}
+    return {"total": total, "kernels": kernels,
+            "calls": {k: timed.calls[k] // repeats for k in kernels},
+            "outside": total - sum(kernels.values())}
+
+
 def step_case(qmodel, example, x, y, *, trainable, queries: int, repeats: int) -> dict:
     """Time one PMT step per engine (alternating), count its MACs, check bit-identity."""
     config = PMTConfig(queries=queries, seed=0)
@@ -139,6 +194,9 @@ def cases(quick: bool):
     return out, None
 
 
+T_PARTS = "PMT step on the fast engine: time per part (1 thread, 3 steps, kernels timed per call)"
+
+
 def rows(quick: bool, row, repeats: int) -> dict:
     """Append the step rows through ``row(table, method, setting, metric, value)``."""
     fp32 = fp32_macs_per_second(repeats=repeats)
@@ -181,4 +239,13 @@ def rows(quick: bool, row, repeats: int) -> dict:
         row(table, "fast engine", label, "speed-up over reference",
             r["seconds"]["reference"] / r["seconds"]["fast"])
         row(table, "fast engine", label, "bit-identical step (1 = yes)", float(r["identical"]))
+        parts = step_parts(qmodel, example, x, y, trainable=trainable, queries=q)
+        if parts is not None:
+            for kernel, seconds in parts["kernels"].items():
+                row(T_PARTS, f"inside {kernel} ({parts['calls'][kernel]} calls)", label,
+                    "ms per step", seconds * 1e3)
+            row(T_PARTS, "outside the kernels (Python, loss, directions)", label,
+                "ms per step", parts["outside"] * 1e3)
+            row(T_PARTS, "outside the kernels (Python, loss, directions)", label,
+                "share of the step", parts["outside"] / parts["total"])
     return extra

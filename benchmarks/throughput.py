@@ -15,7 +15,8 @@ divided by the step's wall time, next to the machine's measured fp32 GEMM rate.
 The PMT step rows (``_pmt_step_cost``) time one step of PMT's Algorithm 1 on the MNIST
 MobileNet (blocks 1 and 4, the whole model; Q = 50, batch 100) and MCUNet-in1 block 3 (Q = 50,
 batch 1) on the fast integer engine and on the reference layers, alternately in this process,
-with the step's MACs as fractions of the fp32 GEMM and ``torch._int_mm`` rates.
+with the step's MACs as fractions of the fp32 GEMM and ``torch._int_mm`` rates, and where the
+fast step's time goes (each C kernel's time summed over its calls, and the rest).
 """
 
 from __future__ import annotations
