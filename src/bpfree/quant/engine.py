@@ -223,10 +223,11 @@ class _PackedAffine:
         off = self.module.node_offset
         if off is None:
             return None
-        off = off.to(torch.int16).expand(shape_nchw)
+        off = off.expand(shape_nchw)
         if off.dim() == 4:
             off = off.permute(0, 2, 3, 1)
-        return off.contiguous()
+        # one pass: the int16 conversion and the channels-last copy together
+        return torch.empty(off.shape, dtype=torch.int16).copy_(off)
 
 
 def _dense_scratch(k: int) -> torch.Tensor:
