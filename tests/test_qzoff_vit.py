@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from _qzoff_experiment import ff_config, train_head
-from _qzoff_vit import (BLOCKS, PROMPT_TOKENS, ViTFeatures, block_model, three_layer_decoder,
-                        vit_ood_task)
+from _qzoff_vit import (BLOCKS, MAX_WIDEN, PROMPT_TOKENS, ViTFeatures, block_model,
+                        three_layer_decoder, vit_ood_task)
 
 from bpfree.models.vit import TinyViT
 
@@ -84,7 +84,7 @@ def test_vit_task_chooses_each_rate_on_one_grid_and_reports_the_loss_fall():
         v = lp[label]
         tried = sorted(float(r) for r in v["lr_scores"])
         assert {1e-3, 1e-2, 1e-1} <= set(tried) and len(tried) == 3 + v["widened"]
-        assert v["widened"] <= 2
+        assert v["widened"] <= MAX_WIDEN
         # a widened grid goes on by the grid's ratio (10 here) past the edge it left
         assert all(b / a == pytest.approx(10) for a, b in zip(tried, tried[1:]))
         if v["widened"] == 0:                          # the choice was inside the grid
