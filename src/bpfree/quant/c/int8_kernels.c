@@ -182,8 +182,8 @@ static inline void row_values(const int8_t *xp, int k, int32_t zx, __m256i zx16,
     if (j < k) {
         /* The last k - j < 8 values gathered in a register and written by one 8-lane store,
          * for the same reason: int16 stores read back by an int32 pair load wait for both
-         * (K = 2 took about 1.5x K = 8's time per output). Lanes past K are 0: odd K's pad
-         * pair half (its weight is 0 too); the buffer holds K rounded up to 8 (+ 2). */
+         * (K = 2 cost more per output than K = 8 did). Lanes past K are 0: odd K's pad
+         * pair half (its weight is 0 too). Every caller's buffer holds K rounded up to 8. */
         uint64_t bytes = 0;
         for (int i = k - j - 1; i >= 0; i--) bytes = bytes << 8 | (uint8_t)xp[j + i];
         __m128i v = _mm_sub_epi16(_mm_cvtepi8_epi16(_mm_cvtsi64_si128((int64_t)bytes)),
