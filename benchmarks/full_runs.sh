@@ -18,24 +18,11 @@
 # BPFREE_TASK_CACHE_REUSE (an earlier revision whose results in cache/REV stand in for this
 # revision's: a run going on at a newer revision; benchmarks/README.md).
 set -euo pipefail
+. "$(dirname "$0")/_runs_common.sh"
 
-usage() {
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
-}
-case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-if [ $# -lt 2 ]; then
-    usage >&2
-    echo "full_runs: give a revision and at least one benchmark" >&2
-    exit 2
-fi
-
-REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
-REV=$(git -C "$REPO" rev-parse --verify --quiet --short "$1^{commit}") || {
-    echo "full_runs: '$1' is not a commit of $REPO (give a committed revision)" >&2; exit 2; }
+runs_start full_runs 2 "" "give a revision and at least one benchmark" "$@"
+runs_rev full_runs "$1"
 shift
-RUNS=${BPFREE_RUNS:-$HOME/bpfree-runs}
-PYTHON=${PYTHON:-$REPO/.venv/bin/python}
-[ -x "$PYTHON" ] || { echo "full_runs: no Python at $PYTHON (set PYTHON)" >&2; exit 2; }
 WT=$RUNS/worktrees/$REV
 mkdir -p "$RUNS/done" "$RUNS/cache" "$RUNS/logs"
 

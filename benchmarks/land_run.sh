@@ -14,26 +14,14 @@
 # Environment: BPFREE_RUNS (default ~/bpfree-runs), PYTHON (default: this checkout's
 # .venv/bin/python).
 set -euo pipefail
+. "$(dirname "$0")/_runs_common.sh"
 
-usage() {
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
-}
-case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-if [ $# -ne 2 ]; then
-    usage >&2
-    echo "land_run: give a benchmark name and the revision its run was made at" >&2
-    exit 2
-fi
+runs_start land_run 2 2 "give a benchmark name and the revision its run was made at" "$@"
 NAME=$1
-REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
-REV=$(git -C "$REPO" rev-parse --verify --quiet --short "$2^{commit}") || {
-    echo "land_run: '$2' is not a commit of $REPO" >&2; exit 2; }
-RUNS=${BPFREE_RUNS:-$HOME/bpfree-runs}
-PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+runs_rev land_run "$2"
 DONE=$RUNS/done/$NAME-$REV.json
 WT=$RUNS/worktrees/$REV
 
-[ -x "$PYTHON" ] || { echo "land_run: no Python at $PYTHON (set PYTHON)" >&2; exit 2; }
 [ -f "$DONE" ] || { echo "land_run: $DONE does not exist (has the queue finished $NAME?)" >&2
     exit 2; }
 if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no)" ]; then

@@ -42,6 +42,7 @@ def repo(tmp_path: Path) -> Path:
     (repo / "src").mkdir()
     (repo / "src" / "mod.py").write_text("x = 1\n")
     shutil.copy(SCRIPT, repo / "benchmarks" / "full_runs.sh")
+    shutil.copy(SCRIPT.with_name("_runs_common.sh"), repo / "benchmarks")
     _git(repo, "init", "-q")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")

@@ -52,6 +52,7 @@ def repo(tmp_path: Path) -> Path:
     (repo / "docs" / "BENCHMARKS.md").write_text("old\n")
     (repo / "tests" / "test_ledgers_pmt_mcunet.py").write_text("")
     shutil.copy(SCRIPT, repo / "benchmarks" / "land_run.sh")
+    shutil.copy(SCRIPT.with_name("_runs_common.sh"), repo / "benchmarks")
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "init")
