@@ -112,8 +112,12 @@ class _TimedKernels:
         return timed
 
 
-def step_parts(qmodel, example, x, y, *, trainable, queries: int, repeats: int = 3
-               ) -> dict | None:
+#: Steps :func:`step_parts` times (after one warm-up step).
+PART_STEPS = 3
+
+
+def step_parts(qmodel, example, x, y, *, trainable, queries: int,
+               repeats: int = PART_STEPS) -> dict | None:
     """Where one fast-engine step's time goes: thread CPU seconds per step inside each C
     kernel (summed over its calls) and outside them (Python, the loss, the directions),
     from ``repeats`` steps of a trainer built on a timed kernel library. Timing each call
@@ -194,7 +198,8 @@ def cases(quick: bool):
     return out, None
 
 
-T_PARTS = "PMT step on the fast engine: time per part (1 thread, 3 steps, kernels timed per call)"
+T_PARTS = (f"PMT step on the fast engine: time per part (1 thread, {PART_STEPS} steps, kernels "
+           "timed per call)")
 
 
 def rows(quick: bool, row, repeats: int) -> dict:
