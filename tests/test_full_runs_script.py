@@ -7,17 +7,13 @@ revision, finished benchmarks skipped, clear refusals) is checked without traini
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "full_runs.sh"
+from queue_script_repo import NEEDS, git as _git, make_repo, run_script
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("bash") is None,
-                                reason="needs git and bash")
+pytestmark = pytest.mark.skipif(NEEDS, reason="needs git and bash")
 
 # Stands in for `python -m bpfree.cli bench NAME ... --json results/NAME.json`: writes the
 # JSON and logs its arguments and the cache folder it was given.
@@ -30,33 +26,15 @@ echo "{\\"benchmark\\": \\"$4\\"}" > "$out"
 """
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "benchmarks").mkdir(parents=True)
-    (repo / "src").mkdir()
-    (repo / "src" / "mod.py").write_text("x = 1\n")
-    shutil.copy(SCRIPT, repo / "benchmarks" / "full_runs.sh")
-    shutil.copy(SCRIPT.with_name("_runs_common.sh"), repo / "benchmarks")
-    _git(repo, "init", "-q")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    return repo
+    (tmp_path / "repo" / "src").mkdir(parents=True)
+    (tmp_path / "repo" / "src" / "mod.py").write_text("x = 1\n")
+    return make_repo(tmp_path / "repo", "full_runs.sh")
 
 
-def _run(repo: Path, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-    environ = dict(os.environ, BPFREE_RUNS=str(tmp_path / "runs"), PYTHON=str(fake),
-                   CALLS=str(tmp_path / "calls.log"), **env)
-    return subprocess.run(["bash", str(repo / "benchmarks" / "full_runs.sh"), *args],
-                          capture_output=True, text=True, env=environ)
+def _run(repo: Path, tmp_path: Path, *args: str, **env: str):
+    return run_script(repo, tmp_path, "full_runs.sh", FAKE_PYTHON, *args, **env)
 
 
 def test_usage_errors_exit_2_and_help_exits_0(repo: Path, tmp_path: Path) -> None:

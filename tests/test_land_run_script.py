@@ -10,18 +10,14 @@ quick run) that leave the checkout untouched.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "land_run.sh"
+from queue_script_repo import NEEDS, git as _git, make_repo, run_script
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("bash") is None,
-                                reason="needs git and bash")
+pytestmark = pytest.mark.skipif(NEEDS, reason="needs git and bash")
 
 FAKE_PYTHON = f"""#!/usr/bin/env bash
 [ "$1" = "-" ] && exec "{sys.executable}" "$@"
@@ -33,30 +29,18 @@ fi
 if [ "$2" = "pytest" ] && [ -n "${{FAIL_TESTS:-}}" ]; then exit 1; fi
 exit 0
 """
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, env=dict(os.environ, **GIT_ENV)).stdout.strip()
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    for d in ("benchmarks", "results/figures", "docs", "tests"):
+    for d in ("results/figures", "docs", "tests"):
         (repo / d).mkdir(parents=True)
     (repo / "results" / "pmt.json").write_text('{"old": true}\n')
     (repo / "results" / "figures" / "kept.png").write_bytes(b"old")
     (repo / "docs" / "BENCHMARKS.md").write_text("old\n")
     (repo / "tests" / "test_ledgers_pmt_mcunet.py").write_text("")
-    shutil.copy(SCRIPT, repo / "benchmarks" / "land_run.sh")
-    shutil.copy(SCRIPT.with_name("_runs_common.sh"), repo / "benchmarks")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "init")
-    return repo
+    return make_repo(repo, "land_run.sh")
 
 
 def _queue_output(repo: Path, runs: Path, rev: str, **doc) -> Path:
@@ -76,14 +60,8 @@ def _queue_output(repo: Path, runs: Path, rev: str, **doc) -> Path:
     return path
 
 
-def _run(repo: Path, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-    environ = dict(os.environ, BPFREE_RUNS=str(tmp_path / "runs"), PYTHON=str(fake),
-                   CALLS=str(tmp_path / "calls.log"), **GIT_ENV, **env)
-    return subprocess.run(["bash", str(repo / "benchmarks" / "land_run.sh"), *args],
-                          capture_output=True, text=True, env=environ, cwd=repo)
+def _run(repo: Path, tmp_path: Path, *args: str, **env: str):
+    return run_script(repo, tmp_path, "land_run.sh", FAKE_PYTHON, *args, **env)
 
 
 def test_usage_errors_exit_2_and_help_exits_0(repo: Path, tmp_path: Path) -> None:
